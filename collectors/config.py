@@ -1,0 +1,78 @@
+"""Configuration of the collectors: routes, and the analysis limits they enforce.
+
+These are what users write under ``routes:``, ``limits:`` and ``analysis:``
+in the agent's YAML; ``semhealth.agent.config`` parses and validates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROVIDERS = ("auto", "openai_chat", "openai_responses", "anthropic_messages", "ollama", "tgi")
+FRAMINGS = ("auto", "sse", "ndjson", "length_prefixed", "json")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Extract:
+    """Where a route's request carries the query and the context, as JSONPath expressions.
+
+    Empty means the provider's convention (last user message is the query;
+    system text, earlier turns, tool results and documents are the context).
+    """
+
+    query: str | None = None
+    context: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    """A path pattern and how to read the traffic on it.
+
+    ``match`` is a glob over the request path (``fnmatch``, case-sensitive,
+    ``*`` crosses ``/``); the first matching route wins. ``name`` becomes the
+    ``route`` label.
+    """
+
+    name: str
+    match: str
+    provider: str = "auto"
+    framing: str = "auto"
+    extract: Extract = field(default_factory=Extract)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    max_request_bytes: int = 1 << 20  # request bodies larger than this are forwarded, not analysed
+    max_response_bytes: int = 8 << 20  # analysis of one response stops here (record.truncated)
+    max_frame_bytes: int = 1 << 20  # one SSE event / NDJSON line / binary frame
+    tap_queue_size: int = 4096  # chunks waiting for analysis, all streams together
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Analysis:
+    stall_threshold_s: float = 0.5  # a gap between deltas longer than this is a stall
+    long_context_tokens: int = 4000  # prompt_class is long_context at or above this estimate
+
+
+def default_routes() -> tuple[Route, ...]:
+    """Routes for the paths the well-known providers use; anything else is route ``other``."""
+    return (
+        Route(name="chat_completions", match="*/chat/completions", provider="openai_chat"),
+        Route(name="responses", match="*/responses", provider="openai_responses"),
+        Route(name="messages", match="*/messages", provider="anthropic_messages"),
+        Route(name="ollama_chat", match="*/api/chat", provider="ollama"),
+        Route(name="ollama_generate", match="*/api/generate", provider="ollama"),
+        Route(name="tgi_generate", match="*/generate_stream", provider="tgi"),
+        Route(name="tgi_generate", match="*/generate", provider="tgi"),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    routes: tuple[Route, ...] = field(default_factory=default_routes)
+    limits: Limits = field(default_factory=Limits)
+    analysis: Analysis = field(default_factory=Analysis)
+
+
+def default_config() -> Config:
+    return Config()

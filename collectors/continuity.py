@@ -1,0 +1,66 @@
+"""Stream continuity: how evenly a response's deltas arrived.
+
+``stream_continuity_index`` is the population standard deviation of the
+intervals between consecutive content deltas of one stream. A smooth stream
+at any speed scores near zero; a stream that stutters (bursts, then pauses)
+scores high, even when its mean rate is fine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from semhealth.collectors.record import StreamRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Continuity:
+    """Timing summary of one stream, in seconds. Gap fields are None with fewer than two deltas."""
+
+    ttft_s: float | None
+    deltas: int
+    index_s: float | None
+    p50_gap_s: float | None
+    p95_gap_s: float | None
+    max_gap_s: float | None
+    stalls: int
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (NumPy's default) of an ascending, non-empty sequence."""
+    if not sorted_values:
+        raise ValueError("quantile of an empty sequence")
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+
+
+def intervals_s(delta_ns: Sequence[int]) -> list[float]:
+    return [(b - a) / 1e9 for a, b in zip(delta_ns, delta_ns[1:], strict=False)]
+
+
+def pstdev(values: Sequence[float]) -> float:
+    n = len(values)
+    mean = math.fsum(values) / n
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n)
+
+
+def measure_continuity(record: StreamRecord, stall_threshold_s: float) -> Continuity:
+    """Continuity of ``record``. A stall is a gap strictly longer than ``stall_threshold_s``."""
+    gaps = intervals_s(record.delta_ns)
+    if not gaps:
+        return Continuity(record.ttft_s, len(record.delta_ns), None, None, None, None, 0)
+    ordered = sorted(gaps)
+    return Continuity(
+        ttft_s=record.ttft_s,
+        deltas=len(record.delta_ns),
+        index_s=pstdev(gaps),
+        p50_gap_s=quantile(ordered, 0.5),
+        p95_gap_s=quantile(ordered, 0.95),
+        max_gap_s=ordered[-1],
+        stalls=sum(1 for g in gaps if g > stall_threshold_s),
+    )

@@ -1,0 +1,77 @@
+"""What provider adapters emit: the provider-neutral facts of one response.
+
+An adapter turns frames (SSE events, NDJSON lines, ...) of one provider's
+wire format into these events; ``StreamState`` folds them into a record.
+All ``t`` are the tap's monotonic-ns arrival time of the chunk that carried
+the fact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    """Output text the user sees (assistant content)."""
+
+    text: str
+    t: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of one tool call: its identity when first seen, then argument fragments."""
+
+    index: int
+    t: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Token usage the stream reported. Later reports fill in or replace earlier fields."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReport:
+    """The model name the response says produced it."""
+
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The provider's finish/stop reason, normalised to OpenAI's vocabulary where one exists
+    (``stop``, ``length``, ``tool_calls``, ``content_filter``); others pass through."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """An error object inside the stream. ``type`` is the provider's error type/code, never its message."""
+
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The stream's explicit end marker (``[DONE]``, ``message_stop``, ``response.completed``, ``done: true``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A frame the adapter could not understand (bad JSON, wrong shape)."""
+
+    reason: str
+
+
+AdapterEvent = (
+    ContentDelta | ToolCallDelta | UsageReport | ModelReport | Finish | StreamError | Done | Malformed
+)

@@ -1,0 +1,198 @@
+"""Per-stream state while a response flows, and the frozen record it becomes.
+
+``StreamState`` is mutable and lives only inside the collector pipeline;
+``StreamRecord`` is what leaves it. The record keeps output text only so that
+validity and relevance scoring can read it: it is never logged or exported.
+
+Clock: every ``*_ns`` field is ``time.monotonic_ns()`` taken by the agent's
+tap. ``start_ns`` is when the proxy received the request head; the others
+are when the chunk carrying that fact arrived from the upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from semhealth.collectors.events import (
+    AdapterEvent,
+    ContentDelta,
+    Done,
+    Finish,
+    Malformed,
+    ModelReport,
+    StreamError,
+    ToolCallDelta,
+    UsageReport,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StructureRequest:
+    """Structure the request asked the output to have.
+
+    ``kind``: ``json_object`` (JSON mode, no schema), ``json_schema``
+    (OpenAI ``response_format`` / Responses ``text.format``) or ``tool_input``
+    (a tool's parameters / ``input_schema``; ``name`` is the tool's name).
+    """
+
+    kind: str
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What request extraction learned from the request body.
+
+    ``analysed`` is False when the body was not looked at; ``skip_reason`` says why
+    (``oversized``, ``not_json``, ``empty``, ``shape``).
+    """
+
+    model: str | None = None
+    query: str | None = None
+    context: tuple[str, ...] = ()
+    structure: tuple[StructureRequest, ...] = ()
+    stream: bool = False
+    input_tokens_estimate: int = 0
+    analysed: bool = False
+    skip_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """Everything semhealth knows about one request/response, once it has ended."""
+
+    route: str
+    provider: str
+    model: str
+    prompt_class: str
+    request: RequestFacts
+    status: int
+    start_ns: int
+    end_ns: int
+    response_ns: int | None = None  # upstream response head received
+    first_byte_ns: int | None = None  # first body chunk received
+    first_delta_ns: int | None = None  # first content or tool-argument delta
+    delta_ns: tuple[int, ...] = ()  # arrival of every content/tool-argument delta, in order
+    output_text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    done: bool = False  # the provider's explicit end-of-stream marker was seen
+    streamed: bool = False  # the response was a stream (SSE / NDJSON / frames), not one body
+    error_type: str | None = None
+    ratelimit_source: str | None = None
+    client_aborted: bool = False
+    upstream_aborted: bool = False
+    shed: bool = False  # the tap dropped some of this stream's chunks under load
+    truncated: bool = False  # analysis stopped at limits.max_response_bytes
+    malformed_frames: int = 0
+    decode_errors: tuple[str, ...] = ()
+    response_bytes: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: request received -> first content delta arrived."""
+        if self.first_delta_ns is None:
+            return None
+        return (self.first_delta_ns - self.start_ns) / 1e9
+
+    @property
+    def ttfb_s(self) -> float | None:
+        """Time to first chunk: request received -> first response body byte arrived."""
+        if self.first_byte_ns is None:
+            return None
+        return (self.first_byte_ns - self.start_ns) / 1e9
+
+
+class StreamState:
+    """Mutable running state of one response; folds adapter events, then ``finish`` freezes it."""
+
+    __slots__ = (
+        "_model",
+        "_text",
+        "_tools",
+        "delta_ns",
+        "done",
+        "errors",
+        "finish_reason",
+        "malformed",
+        "usage_in",
+        "usage_out",
+    )
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._tools: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
+        self._model: str | None = None
+        self.delta_ns: list[int] = []
+        self.usage_in: int | None = None
+        self.usage_out: int | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+        self.errors: list[str] = []
+        self.malformed = 0
+
+    @property
+    def model(self) -> str | None:
+        return self._model
+
+    def apply(self, event: AdapterEvent) -> None:
+        match event:
+            case ContentDelta(text=text, t=t):
+                if text:
+                    self._text.append(text)
+                    self.delta_ns.append(t)
+            case ToolCallDelta(index=index, t=t, id=call_id, name=name, arguments=args):
+                slot = self._tools.setdefault(index, [None, None, []])
+                if call_id:
+                    slot[0] = call_id
+                if name:
+                    slot[1] = name
+                if args:
+                    slot[2].append(args)
+                    self.delta_ns.append(t)
+            case UsageReport(input_tokens=tin, output_tokens=tout):
+                if tin is not None:
+                    self.usage_in = tin
+                if tout is not None:
+                    self.usage_out = tout
+            case ModelReport(model=model):
+                self._model = model
+            case Finish(reason=reason):
+                self.finish_reason = reason
+            case StreamError(type=etype):
+                self.errors.append(etype)
+            case Done():
+                self.done = True
+            case Malformed():
+                self.malformed += 1
+
+    @property
+    def output_text(self) -> str:
+        return "".join(self._text)
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(index=i, id=slot[0], name=slot[1], arguments="".join(slot[2]))
+            for i, slot in sorted(self._tools.items())
+        )

@@ -1,0 +1,740 @@
+"""The agent's configuration: file, env and command-line layers, schema and meaning checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from semhealth.agent import config as agent_config
+from semhealth.agent.config import (
+    LOG_FORMATS,
+    LOG_LEVELS,
+    TLS,
+    Address,
+    Config,
+    ConfigError,
+    ConfigIssue,
+    Listen,
+    Log,
+    Timeouts,
+    Upstream,
+    check_config_file,
+    default_config,
+    load_config,
+    schema_text,
+    validate_collectors,
+)
+from semhealth.collectors.config import (
+    FRAMINGS,
+    PROVIDERS,
+    Analysis,
+    Extract,
+    Limits,
+    Route,
+    default_routes,
+)
+from semhealth.collectors.config import Config as CollectorsConfig
+
+DATA = Path(__file__).parent / "testdata" / "config"
+URL = "http://127.0.0.1:8000"
+
+
+def data_file(name: str) -> str:
+    return str(DATA / name)
+
+
+def issues_text(issues: list[ConfigIssue]) -> list[str]:
+    return [str(issue) for issue in issues]
+
+
+def with_url(config: Config) -> Config:
+    return dataclasses.replace(config, upstream=dataclasses.replace(config.upstream, url=URL))
+
+
+# -- one file per bad case, with its exact message --------------------------------------------
+
+BAD_FILES = {
+    "unknown_key.yaml": [
+        "{file}:4:5: upstream.timeouts: 'raed_s' is not a setting (fix: did you mean 'read_s'?)",
+    ],
+    "wrong_type.yaml": [
+        "{file}:4:5: upstream.timeouts.connect_s: expected a number, got the string 'fast'"
+        " (fix: set it to a number, e.g. 10)",
+    ],
+    "bad_enum.yaml": [
+        "{file}:6:5: routes[0].provider: unknown provider 'openai' (fix: did you mean"
+        " 'openai_chat'? (one of: auto, openai_chat, openai_responses, anthropic_messages,"
+        " ollama, tgi))",
+    ],
+    "bad_url_scheme.yaml": [
+        "{file}:2:3: upstream.url: scheme 'ftp' is not supported"
+        " (fix: use an http:// or https:// URL)",
+    ],
+    "bad_listen_address.yaml": [
+        "{file}:4:3: listen.proxy: 'localhost' is not a valid HOST:PORT address"
+        " (fix: write it like 0.0.0.0:8080 or [::1]:8080)",
+    ],
+    "client_cert_without_key.yaml": [
+        "{file}:3:3: upstream.tls.client_key: client_cert is set without client_key"
+        " (fix: set client_key to the certificate's private key file, or remove client_cert)",
+    ],
+    "duplicate_route_name.yaml": [
+        "{file}:7:5: routes[1].name: route name 'chat' is already used by routes[0], which"
+        " reads traffic differently (fix: give this route a name of its own; routes may share"
+        " a name only with the same provider, framing and extract)",
+    ],
+    "invalid_jsonpath.yaml": [
+        "{file}:7:7: routes[0].extract.query: invalid JSONPath expression '$.messages[':"
+        " Parse error near the end of string!"
+        " (fix: write a JSONPath such as $.messages[-1].content)",
+    ],
+    "negative_timeout.yaml": [
+        "{file}:4:5: upstream.timeouts.read_s: must be greater than 0, got -5"
+        " (fix: use a number above 0)",
+    ],
+    "yaml_syntax.yaml": [
+        "{file}:5:4: YAML syntax error: expected <block end>, but found"
+        " '<block mapping start>' (fix: correct the YAML here: check the indentation,"
+        " the : after keys and closing quotes)",
+    ],
+    "missing_url.yaml": [
+        "{file}:1:1: upstream.url: no upstream URL is set"
+        " (fix: set upstream.url or pass --upstream)",
+    ],
+    "duplicate_key.yaml": [
+        "{file}:3:3: upstream: 'url' is set twice (first on line 2) (fix: keep only one of them)",
+    ],
+    "frame_larger_than_response.yaml": [
+        "{file}:5:3: limits.max_frame_bytes: max_frame_bytes (1048576) is larger than"
+        " max_response_bytes (65536) (fix: set max_frame_bytes to at most 65536,"
+        " or raise max_response_bytes)",
+    ],
+    "several_errors.yaml": [
+        "{file}:3:3: upstream.tls.client_cert: client_key is set without client_cert"
+        " (fix: set client_cert to the certificate file, or remove client_key)",
+        "{file}:6:5: upstream.timeouts.read_s: must be greater than 0, got 0"
+        " (fix: use a number above 0)",
+        "{file}:8:3: listen.admin: admin ([::1]:9464) and proxy ([::1]:9464) use the same"
+        " port (fix: give listen.admin a port of its own)",
+        "{file}:13:5: routes[0].framing: unknown framing 'websocket'"
+        " (fix: use one of: auto, sse, ndjson, length_prefixed, json)",
+        "{file}:14:5: routes[1].name: '2fast' is not a valid route name"
+        " (fix: write it like chat_completions or rag_answer)",
+        "{file}:17:3: log: 'levle' is not a setting (fix: did you mean 'level'?)",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_bad_file_reports_exact_messages(name: str) -> None:
+    path = data_file(name)
+    expected = [line.format(file=path) for line in BAD_FILES[name]]
+    assert issues_text(check_config_file(path, {})) == expected
+
+
+def test_unknown_section_suggests_the_setting_it_resembles() -> None:
+    path = data_file("unknown_section.yaml")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, {}, {"upstream.url": URL})
+    assert str(raised.value) == (
+        f"{path}:1:1: 'upstrem' is not a setting (fix: did you mean 'upstream'?)"
+    )
+
+
+def test_config_error_lists_every_issue_one_per_line() -> None:
+    path = data_file("several_errors.yaml")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, {}, {})
+    assert str(raised.value).splitlines() == [
+        line.format(file=path) for line in BAD_FILES["several_errors.yaml"]
+    ]
+    assert len(raised.value.issues) == len(BAD_FILES["several_errors.yaml"])
+
+
+def test_schema_rejection_is_not_judged_again_for_meaning() -> None:
+    # read_s: 0 fails the schema; validate() would say the same about it, once is enough.
+    paths = [issue.path for issue in check_config_file(data_file("several_errors.yaml"), {})]
+    assert paths.count("upstream.timeouts.read_s") == 1
+
+
+# -- the full example -------------------------------------------------------------------------
+
+
+def test_full_example_loads_to_expected_dataclasses() -> None:
+    expected = Config(
+        upstream=Upstream(
+            url="https://llm.internal:8443/v1",
+            tls=TLS(verify=True),
+            timeouts=Timeouts(connect_s=5, read_s=120, total_s=900),
+        ),
+        listen=Listen(
+            proxy=Address(host="::", port=8080), admin=Address(host="127.0.0.1", port=9100)
+        ),
+        collectors=CollectorsConfig(
+            routes=(
+                Route(
+                    name="chat_completions",
+                    match="*/chat/completions",
+                    provider="openai_chat",
+                    framing="sse",
+                ),
+                Route(
+                    name="rag_answer",
+                    match="/rag/answer",
+                    provider="anthropic_messages",
+                    extract=Extract(
+                        query="$.metadata.question",
+                        context=("$.metadata.documents[*].text", "$.system"),
+                    ),
+                ),
+                Route(name="ollama_chat", match="*/api/chat", provider="ollama", framing="ndjson"),
+            ),
+            limits=Limits(
+                max_request_bytes=2097152,
+                max_response_bytes=16777216,
+                max_frame_bytes=262144,
+                tap_queue_size=8192,
+            ),
+            analysis=Analysis(stall_threshold_s=1.5, long_context_tokens=8000),
+        ),
+        log=Log(level="debug", format="json"),
+    )
+    assert load_config(data_file("full.yaml"), {}, {}) == expected
+
+
+def test_full_example_checks_clean() -> None:
+    assert check_config_file(data_file("full.yaml"), {}) == []
+
+
+# -- files that are not there, empty, or not a mapping ----------------------------------------
+
+
+def test_no_file_gives_defaults_plus_the_url() -> None:
+    assert load_config(None, {"SEMHEALTH_UPSTREAM__URL": URL}, {}) == with_url(default_config())
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing set yet\n")
+    assert load_config(str(path), {}, {"upstream.url": URL}) == with_url(default_config())
+
+
+def test_missing_file_is_an_issue_not_an_empty_config(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.yaml")
+    assert issues_text(check_config_file(path, {})) == [
+        f"{path}: cannot read the file: No such file or directory"
+        " (fix: check the path and its permissions)"
+    ]
+
+
+def test_top_level_list_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- upstream\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:1:1: the file must be a mapping of sections, not a list"
+        " (fix: write the sections (upstream:, listen:, routes: ...) at the top level)"
+    ]
+
+
+def test_empty_section_is_reported_as_null(tmp_path: Path) -> None:
+    path = tmp_path / "null.yaml"
+    path.write_text(f"upstream:\n  url: {URL}\nlog:\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:3:1: log: expected a mapping, got null"
+        " (fix: indent its settings below it, or remove the empty key)"
+    ]
+
+
+def test_route_without_match_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "route.yaml"
+    path.write_text(f"upstream: {{url: '{URL}'}}\nroutes:\n  - name: chat\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:3:5: routes[0]: 'match' is missing (fix: add match: */chat/completions)"
+    ]
+
+
+def test_merge_keys_are_followed(tmp_path: Path) -> None:
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        f"upstream: {{url: '{URL}'}}\n"
+        "base: &base {provider: ollama, framing: ndjson}\n"
+        "routes:\n  - {<<: *base, name: chat, match: /api/chat}\n"
+    )
+    issues = issues_text(check_config_file(str(path), {}))
+    assert issues == [
+        f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
+        " here are: upstream, listen, routes, limits, analysis, log)"
+    ]
+
+
+def test_relative_tls_files_are_read_from_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not parsed at load time\n")
+    path = tmp_path / "tls.yaml"
+    path.write_text("upstream:\n  url: https://llm.internal\n  tls: {ca_file: ca.pem}\n")
+    config = load_config(str(path), {}, {})
+    assert config.upstream.tls.ca_file == str(tmp_path / "ca.pem")
+
+
+def test_missing_tls_file_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "tls.yaml"
+    path.write_text(
+        "upstream:\n  url: https://llm.internal\n  tls: {ca_file: /nonexistent/ca.pem}\n"
+    )
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:3:9: upstream.tls.ca_file: ca_file file '/nonexistent/ca.pem' does not exist"
+        " (fix: correct the path, or mount the file there)"
+    ]
+
+
+# -- environment and command-line overrides ---------------------------------------------------
+
+
+def test_env_sets_nested_settings_with_yaml_types() -> None:
+    env = {
+        "SEMHEALTH_UPSTREAM__URL": URL,
+        "SEMHEALTH_UPSTREAM__TIMEOUTS__READ_S": "30",
+        "SEMHEALTH_UPSTREAM__TIMEOUTS__TOTAL_S": "null",
+        "SEMHEALTH_UPSTREAM__TLS__VERIFY": "false",
+        "SEMHEALTH_LIMITS__TAP_QUEUE_SIZE": "128",
+        "SEMHEALTH_ANALYSIS__STALL_THRESHOLD_S": "0.25",
+    }
+    config = load_config(data_file("full.yaml"), env, {})
+    assert config.upstream.url == URL
+    assert config.upstream.timeouts == Timeouts(connect_s=5, read_s=30, total_s=None)
+    assert config.upstream.tls.verify is False
+    assert config.collectors.limits.tap_queue_size == 128
+    assert config.collectors.analysis.stall_threshold_s == 0.25
+
+
+def test_env_string_setting_keeps_text_yaml_would_read_otherwise() -> None:
+    env = {"SEMHEALTH_UPSTREAM__URL": URL, "SEMHEALTH_LISTEN__PROXY": "[::1]:8080"}
+    assert load_config(None, env, {}).listen.proxy == Address(host="::1", port=8080)
+
+
+def test_env_sets_routes_as_a_yaml_list() -> None:
+    env = {
+        "SEMHEALTH_UPSTREAM__URL": URL,
+        "SEMHEALTH_ROUTES": '[{name: rag, match: /rag, extract: {query: "$.q"}}]',
+    }
+    routes = load_config(None, env, {}).collectors.routes
+    assert routes == (Route(name="rag", match="/rag", extract=Extract(query="$.q")),)
+
+
+def test_env_section_mapping_merges_into_the_file() -> None:
+    env = {"SEMHEALTH_UPSTREAM__TIMEOUTS": "{read_s: 7}"}
+    timeouts = load_config(data_file("full.yaml"), env, {}).upstream.timeouts
+    assert timeouts == Timeouts(connect_s=5, read_s=7, total_s=900)
+
+
+def test_unknown_env_variable_is_reported_with_suggestion() -> None:
+    env = {"SEMHEALTH_UPSTREAM_URL": URL}
+    issues = issues_text(check_config_file(data_file("full.yaml"), env))
+    assert issues == [
+        "$SEMHEALTH_UPSTREAM_URL: upstream_url: unknown setting"
+        " (fix: did you mean SEMHEALTH_UPSTREAM__URL?)"
+    ]
+
+
+def test_env_variable_inside_a_list_is_unknown() -> None:
+    env = {"SEMHEALTH_ROUTES__0__NAME": "chat"}
+    issues = issues_text(check_config_file(data_file("full.yaml"), env))
+    assert issues == [
+        "$SEMHEALTH_ROUTES__0__NAME: routes.0.name: unknown setting"
+        " (fix: did you mean SEMHEALTH_ROUTES?)"
+    ]
+
+
+def test_other_variables_are_not_read() -> None:
+    env = {"PATH": "/usr/bin", "SEMHEALTHY": "1", "OTEL_SERVICE_NAME": "x"}
+    assert check_config_file(data_file("full.yaml"), env) == []
+
+
+def test_env_value_that_is_not_yaml_is_reported() -> None:
+    env = {"SEMHEALTH_ROUTES": "[{name: a"}
+    issues = issues_text(check_config_file(data_file("full.yaml"), env))
+    assert len(issues) == 1
+    assert issues[0].startswith("$SEMHEALTH_ROUTES: routes: the value is not valid YAML: ")
+
+
+def test_env_value_of_wrong_type_names_the_variable() -> None:
+    env = {"SEMHEALTH_LIMITS__TAP_QUEUE_SIZE": "lots"}
+    assert issues_text(check_config_file(data_file("full.yaml"), env)) == [
+        "$SEMHEALTH_LIMITS__TAP_QUEUE_SIZE: limits.tap_queue_size: expected a whole number,"
+        " got the string 'lots' (fix: set it to a whole number, e.g. 4096)"
+    ]
+
+
+def test_env_beats_file() -> None:
+    env = {"SEMHEALTH_LISTEN__ADMIN": "127.0.0.1:9200"}
+    config = load_config(data_file("full.yaml"), env, {})
+    assert config.listen.admin == Address(host="127.0.0.1", port=9200)
+
+
+def test_command_line_beats_env() -> None:
+    env = {"SEMHEALTH_UPSTREAM__URL": "http://from-env:8000"}
+    config = load_config(data_file("full.yaml"), env, {"upstream.url": "http://from-flag:8000"})
+    assert config.upstream.url == "http://from-flag:8000"
+
+
+def test_command_line_none_means_flag_not_given() -> None:
+    config = load_config(data_file("full.yaml"), {}, {"upstream.url": None})
+    assert config.upstream.url == "https://llm.internal:8443/v1"
+
+
+def test_unknown_command_line_key_is_reported() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(data_file("full.yaml"), {}, {"listen.proxi": "0.0.0.0:1"})
+    assert str(raised.value) == (
+        "command line: listen.proxi: unknown setting (fix: did you mean listen.proxy?)"
+    )
+
+
+def test_issue_from_env_points_at_the_variable_not_the_file() -> None:
+    env = {"SEMHEALTH_UPSTREAM__URL": "ftp://x"}
+    assert issues_text(check_config_file(data_file("full.yaml"), env)) == [
+        "$SEMHEALTH_UPSTREAM__URL: upstream.url: scheme 'ftp' is not supported"
+        " (fix: use an http:// or https:// URL)"
+    ]
+
+
+# -- defaults and validate() ------------------------------------------------------------------
+
+
+def test_default_config_validates_clean_once_url_is_set() -> None:
+    assert with_url(default_config()).validate() == []
+
+
+def test_default_config_without_url_asks_for_it() -> None:
+    assert issues_text(default_config().validate()) == [
+        "upstream.url: no upstream URL is set (fix: set upstream.url or pass --upstream)"
+    ]
+
+
+def test_default_routes_may_share_a_name_that_reads_traffic_alike() -> None:
+    names = [route.name for route in default_routes()]
+    assert len(names) != len(set(names))
+    assert validate_collectors(CollectorsConfig()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("127.0.0.1:8000", "the URL has no scheme"),
+        ("http://user:secret@llm:8000", "the URL carries credentials (user:password@)"),
+        ("http://llm:8000/v1?key=1", "the URL has a query or fragment"),
+        ("http://llm:99999", "the URL has an invalid port"),
+        ("http://", "the URL has no host"),
+    ],
+)
+def test_upstream_url_problem_is_named(url: str, message: str) -> None:
+    assert [issue.message for issue in Upstream(url=url).validate()] == [message]
+
+
+def test_url_issue_never_echoes_the_url() -> None:
+    issues = Upstream(url="http://user:secret@llm:8000").validate()
+    assert all("secret" not in str(issue) for issue in issues)
+
+
+def test_tls_files_on_plain_http_are_reported(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    upstream = Upstream(url=URL, tls=TLS(ca_file=str(ca)))
+    assert [issue.path for issue in upstream.validate()] == ["tls"]
+
+
+def test_ca_file_with_verify_off_is_reported(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    assert [issue.path for issue in TLS(verify=False, ca_file=str(ca)).validate()] == ["ca_file"]
+
+
+def test_total_timeout_shorter_than_connect_is_reported() -> None:
+    assert issues_text(Timeouts(connect_s=10, total_s=5).validate()) == [
+        "total_s: total_s (5 s) is shorter than connect_s (10 s)"
+        " (fix: raise total_s, or set it to null for no limit)"
+    ]
+
+
+def test_non_positive_timeout_is_reported_by_validate() -> None:
+    assert [issue.path for issue in Timeouts(connect_s=0, read_s=-1).validate()] == [
+        "connect_s",
+        "read_s",
+    ]
+
+
+def test_admin_on_proxy_port_under_wildcard_is_reported() -> None:
+    listen = Listen(
+        proxy=Address(host="0.0.0.0", port=8080), admin=Address(host="127.0.0.1", port=8080)
+    )
+    assert [issue.path for issue in listen.validate()] == ["admin"]
+
+
+def test_port_zero_on_both_is_not_a_conflict() -> None:
+    listen = Listen(
+        proxy=Address(host="127.0.0.1", port=0), admin=Address(host="127.0.0.1", port=0)
+    )
+    assert listen.validate() == []
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "message"),
+    [
+        ("999.1.1.1", 80, "'999.1.1.1' is not an IPv4 address"),
+        ("1:2:3", 80, "'1:2:3' is not an IPv6 address"),
+        ("bad-.example", 80, "'bad-.example' is not a valid host name"),
+        ("127.0.0.1", 70000, "port 70000 is out of range"),
+    ],
+)
+def test_bad_address_part_is_named(host: str, port: int, message: str) -> None:
+    assert [issue.message for issue in Address(host=host, port=port).validate()] == [message]
+
+
+def test_route_match_without_leading_slash_is_reported() -> None:
+    routes = (Route(name="chat", match="v1/chat/completions"),)
+    assert issues_text(validate_collectors(CollectorsConfig(routes=routes))) == [
+        "routes[0].match: match 'v1/chat/completions' can never match: request paths start"
+        " with / (fix: start it with / or *, e.g. */v1/chat/completions)"
+    ]
+
+
+def test_route_checks_from_code_cover_what_the_schema_checks() -> None:
+    routes = (Route(name="bad name", match="/x", provider="openai", framing="ws"),)
+    paths = [issue.path for issue in validate_collectors(CollectorsConfig(routes=routes))]
+    assert paths == ["routes[0].name", "routes[0].provider", "routes[0].framing"]
+
+
+def test_invalid_context_jsonpath_is_reported_with_its_index() -> None:
+    routes = (Route(name="rag", match="/rag", extract=Extract(context=("$.ok", "$..["))),)
+    paths = [issue.path for issue in validate_collectors(CollectorsConfig(routes=routes))]
+    assert paths == ["routes[0].extract.context[1]"]
+
+
+def test_unknown_log_level_from_code_is_reported() -> None:
+    assert issues_text(Log(level="verbose").validate()) == [
+        "level: unknown level 'verbose' (fix: use one of: debug, info, warning, error, critical)"
+    ]
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_issue_without_origin_prints_path_message_and_fix() -> None:
+    assert str(ConfigIssue("a.b", "broken", "mend it")) == "a.b: broken (fix: mend it)"
+
+
+def test_issue_with_file_mark_prints_file_line_column() -> None:
+    issue = ConfigIssue("a", "broken", "mend it", source="c.yaml", line=3, column=7)
+    assert str(issue) == "c.yaml:3:7: a: broken (fix: mend it)"
+
+
+def test_value_with_newline_stays_on_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "nl.yaml"
+    path.write_text(f'upstream: {{url: "{URL}"}}\nlog: {{level: "in\\nfo"}}\n')
+    [issue] = check_config_file(str(path), {})
+    assert "\n" not in str(issue)
+
+
+# -- the schema --------------------------------------------------------------------------------
+
+
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(schema_text())
+    return loaded
+
+
+def properties(
+    node: dict[str, Any], root: dict[str, Any], path: str = ""
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every property of the schema with its dotted path, following $ref and list items."""
+    if "$ref" in node:
+        node = {**root["$defs"][node["$ref"].split("/")[-1]], **node}
+    if "items" in node:
+        return properties(node["items"], root, f"{path}[]")
+    found = []
+    for name, child in node.get("properties", {}).items():
+        child_path = f"{path}.{name}" if path else name
+        found.append((child_path, child))
+        found += properties(child, root, child_path)
+    return found
+
+
+def test_schema_is_a_valid_2020_12_schema() -> None:
+    Draft202012Validator.check_schema(schema())
+
+
+def test_schema_text_is_the_shipped_file() -> None:
+    shipped = Path(agent_config.__file__).with_name("config.schema.json").read_text("utf-8")
+    assert schema_text() == shipped
+
+
+def test_every_schema_property_has_a_description() -> None:
+    missing = [path for path, node in properties(schema(), schema()) if not node.get("description")]
+    assert missing == []
+
+
+def test_every_schema_object_forbids_unknown_keys() -> None:
+    root = schema()
+    objects = [root] + [node for _, node in properties(root, root) if "properties" in node]
+    objects += [node for node in root["$defs"].values() if "properties" in node]
+    assert all(node.get("additionalProperties") is False for node in objects)
+
+
+def test_schema_enums_match_the_code() -> None:
+    route = schema()["$defs"]["route"]["properties"]
+    log = schema()["properties"]["log"]["properties"]
+    assert tuple(route["provider"]["enum"]) == PROVIDERS
+    assert tuple(route["framing"]["enum"]) == FRAMINGS
+    assert tuple(log["level"]["enum"]) == LOG_LEVELS
+    assert tuple(log["format"]["enum"]) == LOG_FORMATS
+
+
+def test_schema_defaults_match_default_config() -> None:
+    defaults = {
+        path: node["default"] for path, node in properties(schema(), schema()) if "default" in node
+    }
+    config = default_config()
+    code = {
+        "upstream.url": config.upstream.url,
+        **{f"upstream.tls.{k}": v for k, v in dataclasses.asdict(config.upstream.tls).items()},
+        **{
+            f"upstream.timeouts.{k}": v
+            for k, v in dataclasses.asdict(config.upstream.timeouts).items()
+        },
+        "listen.proxy": str(config.listen.proxy),
+        "listen.admin": str(config.listen.admin),
+        **{f"limits.{k}": v for k, v in dataclasses.asdict(config.collectors.limits).items()},
+        **{f"analysis.{k}": v for k, v in dataclasses.asdict(config.collectors.analysis).items()},
+        **{f"log.{k}": v for k, v in dataclasses.asdict(config.log).items()},
+        "routes[].provider": "auto",
+        "routes[].framing": "auto",
+        "routes[].extract.query": None,
+        "routes[].extract.context": [],
+    }
+    assert defaults == code
+
+
+def test_env_names_cover_every_setting_outside_lists() -> None:
+    paths = [path for path, _ in properties(schema(), schema()) if "[]" not in path]
+    names = {"SEMHEALTH_" + path.upper().replace(".", "__") for path in paths}
+    env = {name: "null" for name in names}
+    unknown = [
+        i for i in check_config_file(data_file("full.yaml"), env) if i.message == "unknown setting"
+    ]
+    assert unknown == []
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(agent_config.__all__) == sorted(
+        [
+            "ENV_PREFIX",
+            "LOG_FORMATS",
+            "LOG_LEVELS",
+            "TLS",
+            "Address",
+            "Config",
+            "ConfigError",
+            "ConfigIssue",
+            "Listen",
+            "Log",
+            "Timeouts",
+            "Upstream",
+            "check_config_file",
+            "default_config",
+            "load_config",
+            "schema_text",
+            "validate_collectors",
+        ]
+    )
+
+
+# -- parsers never raise -----------------------------------------------------------------------
+
+hosts = st.one_of(
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(v=6).map(str),
+    st.from_regex(r"[a-z][a-z0-9]{0,10}(\.[a-z][a-z0-9]{0,10}){0,3}", fullmatch=True),
+)
+
+
+@given(host=hosts, port=st.integers(min_value=0, max_value=65535))
+def test_address_round_trips_through_text(host: str, port: int) -> None:
+    address = Address(host=host, port=port)
+    assert Address.parse(str(address)) == address
+    assert address.validate() == []
+
+
+@given(text=st.text(max_size=40))
+def test_address_parse_never_raises(text: str) -> None:
+    parsed = Address.parse(text)
+    assert parsed is None or isinstance(parsed.port, int)
+
+
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["upstream", "url", "routes", "name", "match", "tls", "log", "x"]),
+            children,
+            max_size=3,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=yaml_values)
+def test_any_yaml_document_gives_config_or_config_error(tmp_path: Path, doc: object) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    try:
+        load_config(str(path), {}, {})
+    except ConfigError as exc:
+        assert exc.issues
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=80))
+def test_any_file_text_gives_config_or_config_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        load_config(str(path), {}, {})
+    except ConfigError as exc:
+        assert exc.issues
+
+
+@settings(max_examples=60)
+@given(
+    name=st.sampled_from(
+        [
+            "SEMHEALTH_ROUTES",
+            "SEMHEALTH_UPSTREAM",
+            "SEMHEALTH_LISTEN__PROXY",
+            "SEMHEALTH_LIMITS__MAX_FRAME_BYTES",
+        ]
+    ),
+    value=st.text(max_size=40),
+)
+def test_any_env_value_gives_config_or_config_error(name: str, value: str) -> None:
+    try:
+        load_config(None, {"SEMHEALTH_UPSTREAM__URL": URL, name: value}, {})
+    except ConfigError as exc:
+        assert exc.issues
+
+
+def test_control_character_in_file_is_reported_with_its_position(tmp_path: Path) -> None:
+    path = tmp_path / "ctl.yaml"
+    path.write_text("upstream:\n  url: a\x1fb\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:2:9: YAML syntax error: special characters are not allowed (character #x001f)"
+        " (fix: remove the control character, or quote it as an escape sequence)"
+    ]

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PROVIDERS = ("auto", "openai_chat", "openai_responses", "anthropic_messages", "ollama", "tgi")
+PROVIDERS = (
+    "auto",
+    "openai_chat",
+    "openai_completions",
+    "openai_responses",
+    "anthropic_messages",
+    "ollama",
+    "tgi",
+)
 FRAMINGS = ("auto", "sse", "ndjson", "length_prefixed", "json")
 
 
@@ -58,6 +66,7 @@ def default_routes() -> tuple[Route, ...]:
     """Routes for the paths the well-known providers use; anything else is route ``other``."""
     return (
         Route(name="chat_completions", match="*/chat/completions", provider="openai_chat"),
+        Route(name="completions", match="*/completions", provider="openai_completions"),
         Route(name="responses", match="*/responses", provider="openai_responses"),
         Route(name="messages", match="*/messages", provider="anthropic_messages"),
         Route(name="ollama_chat", match="*/api/chat", provider="ollama"),

@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 from jsonpath_ng.ext import parse as _jsonpath_parse  # type: ignore[import-untyped]
+
 from semhealth.collectors.config import Extract
 from semhealth.collectors.record import RequestFacts, StructureRequest
 
@@ -243,6 +244,8 @@ def _read_provider(
             return _ollama(doc), _ollama_structure(doc)
         case "tgi":
             return _tgi(doc), _tgi_structure(doc)
+        case "openai_completions":
+            return _openai_completions(doc), ()
         case _:
             return _UNUSABLE, ()
 
@@ -432,6 +435,16 @@ def _tgi(doc: dict[str, Any]) -> _Conversation:
     if not isinstance(inputs, str):
         return _UNUSABLE
     return _split_turns((), [_Turn(role="user", text=inputs)])
+
+
+def _openai_completions(doc: dict[str, Any]) -> _Conversation:
+    # Legacy completions: the prompt is the query; a batch of prompts is scored by its last one.
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompt = prompt[-1]
+    if not isinstance(prompt, str):
+        return _UNUSABLE
+    return _split_turns((), [_Turn(role="user", text=prompt)])
 
 
 def _tgi_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from semhealth.collectors.config import PROVIDERS, Extract
 from semhealth.collectors.record import RequestFacts, StructureRequest
 from semhealth.collectors.request import (
@@ -736,3 +737,12 @@ def test_deeply_nested_body_with_recursive_override_does_not_raise() -> None:
         body, "tgi", Extract(query="$..*", context=("$",)), long_context_tokens=10
     )
     assert (facts.query, facts.skip_reason) == (None, "shape")
+
+
+def test_openai_completions_prompt_is_the_query() -> None:
+    body = orjson.dumps({"model": "gpt-3.5-turbo-instruct", "prompt": "Say hi", "stream": True})
+    facts, _ = extract_request(body, "openai_completions", Extract(), long_context_tokens=4000)
+    assert facts.analysed
+    assert facts.query == "Say hi"
+    assert facts.model == "gpt-3.5-turbo-instruct"
+    assert facts.stream

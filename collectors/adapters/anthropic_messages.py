@@ -1,0 +1,185 @@
+"""Anthropic Messages wire format (``/v1/messages``).
+
+Streaming: SSE events ``message_start``, ``content_block_start/delta/stop``,
+``message_delta``, ``message_stop``, plus ``ping`` and ``error``. The data's
+``type`` is read first, the ``event:`` name second. Non-streamed: one
+``type: message`` body.
+
+Decisions:
+- Tool index = order of ``tool_use`` blocks; content-block indices (which also
+  count text and thinking blocks) map to it. ``server_tool_use`` blocks (web
+  search, code execution run by Anthropic) are not the caller's tool calls.
+- Thinking is not content: the user does not read it as the answer.
+- Input tokens = ``input_tokens`` + cache creation + cache reads, because
+  Anthropic counts cached prompt tokens apart while OpenAI's ``prompt_tokens``
+  (and the OTel GenAI convention) include them.
+- ``stop_reason``: ``end_turn``/``stop_sequence`` -> ``stop``, ``max_tokens`` ->
+  ``length``, ``tool_use`` -> ``tool_calls``, ``refusal`` (the streaming safety
+  classifier) -> ``content_filter``; others pass through.
+"""
+
+from __future__ import annotations
+
+from semhealth.collectors.adapters.base import (
+    SHAPE,
+    FrameAdapter,
+    FrameError,
+    JsonObject,
+    dump_json,
+    error_type,
+    load_object,
+    objects,
+    opt_int,
+    opt_list,
+    opt_object,
+    opt_str,
+    usage_report,
+)
+from semhealth.collectors.events import (
+    AdapterEvent,
+    ContentDelta,
+    Done,
+    Finish,
+    StreamError,
+    ToolCallDelta,
+)
+from semhealth.collectors.frames import Frame
+
+_STOP = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+_INPUT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+class AnthropicMessagesAdapter(FrameAdapter):
+    def __init__(self) -> None:
+        super().__init__()
+        # content-block index -> tool index, None for a block that is not a tool call
+        self._blocks: dict[int, int | None] = {}
+        self._tools = 0
+
+    def _parse(self, frame: Frame) -> list[AdapterEvent]:
+        obj = load_object(frame.data)
+        kind = opt_str(obj, "type") or frame.event
+        if not kind:
+            raise FrameError(SHAPE)  # every event names its type
+        if kind == "content_block_delta":
+            return self._block_delta(obj, frame.t)
+        if kind == "content_block_start":
+            return self._block_start(obj, frame.t)
+        if kind == "message_start":
+            return self._message_start(obj)
+        if kind == "message_delta":
+            return _message_delta(obj)
+        if kind == "message_stop":
+            return [Done()]
+        if kind == "error":
+            return [StreamError(error_type(obj.get("error")))]
+        if kind == "message":
+            return self._body(obj, frame.t)
+        return []  # ping, content_block_stop, and whatever Anthropic adds next
+
+    def _message_start(self, obj: JsonObject) -> list[AdapterEvent]:
+        message = opt_object(obj, "message") or {}
+        out: list[AdapterEvent] = []
+        self._note_model(opt_str(message, "model"), out)
+        out += _usage(message)
+        return out
+
+    def _block_start(self, obj: JsonObject, t: int) -> list[AdapterEvent]:
+        index = _block_index(obj)
+        block = opt_object(obj, "content_block") or {}
+        kind = opt_str(block, "type")
+        if kind == "tool_use":
+            tool = self._new_tool(index)
+            return [
+                ToolCallDelta(index=tool, t=t, id=opt_str(block, "id"), name=opt_str(block, "name"))
+            ]
+        self._blocks[index] = None
+        text = opt_str(block, "text") if kind == "text" else None
+        return [ContentDelta(text, t)] if text else []
+
+    def _block_delta(self, obj: JsonObject, t: int) -> list[AdapterEvent]:
+        index = _block_index(obj)
+        delta = opt_object(obj, "delta") or {}
+        kind = opt_str(delta, "type")
+        if kind == "text_delta":
+            text = opt_str(delta, "text")
+            return [ContentDelta(text, t)] if text else []
+        if kind == "input_json_delta":
+            fragment = opt_str(delta, "partial_json")
+            # A block whose start was shed is taken for a tool: only tool blocks send JSON
+            # to the caller (server tools' blocks are known from their start).
+            tool = self._blocks[index] if index in self._blocks else self._new_tool(index)
+            if tool is None or not fragment:
+                return []
+            return [ToolCallDelta(index=tool, t=t, arguments=fragment)]
+        return []  # thinking_delta, signature_delta, citations_delta
+
+    def _new_tool(self, block: int) -> int:
+        tool = self._tools
+        self._tools += 1
+        self._blocks[block] = tool
+        return tool
+
+    def _body(self, message: JsonObject, t: int) -> list[AdapterEvent]:
+        out: list[AdapterEvent] = []
+        self._note_model(opt_str(message, "model"), out)
+        texts: list[str] = []
+        tools: list[AdapterEvent] = []
+        for block in objects(opt_list(message, "content") or []):
+            kind = opt_str(block, "type")
+            if kind == "text":
+                texts.append(opt_str(block, "text") or "")
+            elif kind == "tool_use":
+                tools.append(_whole_tool_call(len(tools), block, t))
+        text = "".join(texts)
+        if text:
+            out.append(ContentDelta(text, t))
+        out += tools
+        out += _finish(opt_str(message, "stop_reason"))
+        out += _usage(message)
+        out.append(Done())
+        return out
+
+
+def _block_index(obj: JsonObject) -> int:
+    index = opt_int(obj, "index")
+    return 0 if index is None else index
+
+
+def _message_delta(obj: JsonObject) -> list[AdapterEvent]:
+    delta = opt_object(obj, "delta") or {}
+    return _finish(opt_str(delta, "stop_reason")) + _usage(obj)
+
+
+def _finish(stop_reason: str | None) -> list[AdapterEvent]:
+    if not stop_reason:
+        return []
+    return [Finish(_STOP.get(stop_reason, stop_reason))]
+
+
+def _usage(holder: JsonObject) -> list[AdapterEvent]:
+    usage = opt_object(holder, "usage")
+    if usage is None:
+        return []
+    counts = [opt_int(usage, key) for key in _INPUT_FIELDS]
+    known = [c for c in counts if c is not None]
+    # message_delta usually reports output only; absent input fields must not reset input.
+    input_tokens = sum(known) if known else None
+    return usage_report(input_tokens, opt_int(usage, "output_tokens"))
+
+
+def _whole_tool_call(index: int, block: JsonObject, t: int) -> ToolCallDelta:
+    tool_input = block.get("input")
+    return ToolCallDelta(
+        index=index,
+        t=t,
+        id=opt_str(block, "id"),
+        name=opt_str(block, "name"),
+        arguments="" if tool_input is None else dump_json(tool_input),
+    )

@@ -1,0 +1,199 @@
+"""OpenAI Chat Completions (and legacy Completions) wire format.
+
+Streaming: SSE ``data:`` chunks (``object: chat.completion.chunk``) and a final
+``data: [DONE]``; with ``stream_options.include_usage`` one last chunk has empty
+``choices`` and the ``usage``. Non-streamed: one ``chat.completion`` body.
+Many servers speak this format (vLLM, TGI's Messages API, Ollama's ``/v1``,
+llama.cpp, LiteLLM), so parsing tolerates their small variations.
+
+Decisions:
+- Only choice ``index`` 0 feeds the content stream. ``n > 1`` is rare in
+  production, and mixing several choices would make one text no choice ever was
+  and break the timing of the stream; usage still counts all choices.
+- A ``refusal`` is content: it is what the user reads, it arrives at token pace
+  (continuity), and a refusal where JSON was required is an invalid output.
+- ``reasoning_content`` (vLLM, DeepSeek) is not content, like Anthropic thinking.
+- A non-streamed body is complete by construction, so it ends with ``Done``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+from semhealth.collectors.adapters.base import (
+    SHAPE,
+    FrameAdapter,
+    FrameError,
+    JsonObject,
+    error_type,
+    load_object,
+    objects,
+    opt_int,
+    opt_list,
+    opt_object,
+    opt_str,
+    usage_report,
+)
+from semhealth.collectors.events import (
+    AdapterEvent,
+    ContentDelta,
+    Done,
+    Finish,
+    StreamError,
+    ToolCallDelta,
+)
+from semhealth.collectors.frames import Frame
+
+_FINISH = {"function_call": "tool_calls"}  # the deprecated functions API
+
+
+def is_done_marker(data: str | bytes) -> bool:
+    return data.strip() in ("[DONE]", b"[DONE]")
+
+
+def stream_error(chunk: JsonObject) -> StreamError | None:
+    """The error an OpenAI-style chunk or body carries, if any.
+
+    OpenAI nests it (``{"error": {...}}``); older vLLM puts it at the top level
+    (``{"object": "error", "type": ..., "code": 400}``).
+    """
+    error = chunk.get("error")
+    if error is not None:
+        return StreamError(error_type(error))
+    if chunk.get("object") == "error":
+        return StreamError(error_type(chunk))
+    return None
+
+
+def content_text(value: object) -> str:
+    """Message content: a string, or (some compatible servers) a list of typed parts."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            opt_str(part, "text") or ""
+            for part in objects(value)
+            if opt_str(part, "type") == "text"
+        )
+    raise FrameError(SHAPE)
+
+
+def finish_reason(choice: JsonObject) -> list[AdapterEvent]:
+    reason = opt_str(choice, "finish_reason")
+    if not reason:
+        return []
+    return [Finish(_FINISH.get(reason, reason))]
+
+
+class _OpenAIAdapter(FrameAdapter):
+    """What chat and legacy completions share: ``[DONE]``, errors, model, choice 0, usage."""
+
+    def _parse(self, frame: Frame) -> list[AdapterEvent]:
+        if is_done_marker(frame.data):
+            return [Done()]
+        chunk = load_object(frame.data)
+        error = stream_error(chunk)
+        if error is not None:
+            return [error]
+        out: list[AdapterEvent] = []
+        self._note_model(opt_str(chunk, "model"), out)
+        raw_choices = opt_list(chunk, "choices")
+        if raw_choices is None:
+            raise FrameError(SHAPE)  # even the usage-only chunk has ``choices: []``
+        choices = list(objects(raw_choices))
+        for position, choice in enumerate(choices):
+            index = opt_int(choice, "index")
+            if (position if index is None else index) == 0:
+                self._choice(choice, frame.t, out)
+        usage = opt_object(chunk, "usage")
+        if usage is not None:
+            out += usage_report(
+                opt_int(usage, "prompt_tokens"), opt_int(usage, "completion_tokens")
+            )
+        if self._is_body(chunk, choices):
+            out.append(Done())
+        return out
+
+    @abstractmethod
+    def _choice(self, choice: JsonObject, t: int, out: list[AdapterEvent]) -> None:
+        """Append the events of choice 0."""
+
+    @abstractmethod
+    def _is_body(self, chunk: JsonObject, choices: list[JsonObject]) -> bool:
+        """Whether this frame is a whole non-streamed response."""
+
+
+class OpenAIChatAdapter(_OpenAIAdapter):
+    """``/v1/chat/completions``, streamed or not."""
+
+    def _choice(self, choice: JsonObject, t: int, out: list[AdapterEvent]) -> None:
+        message = opt_object(choice, "delta")
+        if message is None:
+            message = opt_object(choice, "message")
+        if message is not None:
+            for key in ("content", "refusal"):
+                text = content_text(message.get(key))
+                if text:
+                    out.append(ContentDelta(text, t))
+            out += _tool_calls(message, t)
+        out += finish_reason(choice)
+
+    def _is_body(self, chunk: JsonObject, choices: list[JsonObject]) -> bool:
+        return chunk.get("object") == "chat.completion" or any("message" in c for c in choices)
+
+
+class OpenAICompletionsAdapter(_OpenAIAdapter):
+    """Legacy ``/v1/completions`` (``choices[].text``), still served by vLLM and llama.cpp."""
+
+    def _choice(self, choice: JsonObject, t: int, out: list[AdapterEvent]) -> None:
+        text = opt_str(choice, "text")
+        if text:
+            out.append(ContentDelta(text, t))
+        out += finish_reason(choice)
+
+    def _is_body(self, chunk: JsonObject, choices: list[JsonObject]) -> bool:
+        # Stream chunks and the body share ``object: text_completion``. Only a body has
+        # both usage and a finished choice (bar vLLM's per-chunk usage, whose last chunk
+        # then counts as the end a moment before its ``[DONE]``).
+        return (
+            isinstance(chunk.get("usage"), dict)
+            and bool(choices)
+            and all(c.get("finish_reason") for c in choices)
+        )
+
+
+def _tool_calls(message: JsonObject, t: int) -> list[AdapterEvent]:
+    out: list[AdapterEvent] = []
+    for position, call in enumerate(objects(opt_list(message, "tool_calls") or [])):
+        index = opt_int(call, "index")
+        # Streamed calls carry their index; a whole message lists them in order.
+        delta = _tool_delta(position if index is None else index, call, t)
+        if delta is not None:
+            out.append(delta)
+    function_call = opt_object(message, "function_call")
+    if function_call is not None:
+        delta = _tool_delta(0, {"function": function_call}, t)
+        if delta is not None:
+            out.append(delta)
+    return out
+
+
+def _tool_delta(index: int, call: JsonObject, t: int) -> ToolCallDelta | None:
+    function = opt_object(call, "function") or {}
+    call_id = opt_str(call, "id")
+    name = opt_str(function, "name")
+    arguments = _arguments(function.get("arguments"))
+    if not (call_id or name or arguments):
+        return None
+    return ToolCallDelta(index=index, t=t, id=call_id, name=name, arguments=arguments)
+
+
+def _arguments(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise FrameError(SHAPE)

@@ -1,0 +1,217 @@
+"""OpenAI Responses API wire format (``/v1/responses``).
+
+Streaming: SSE events whose ``event:`` name repeats the data's ``type``
+(``response.created``, ``response.output_text.delta``, ...). The data's
+``type`` is read first, so a decoder that names unnamed events ``message``
+does not matter. Non-streamed: one ``object: response`` body.
+
+Decisions:
+- Tool index = order of function-call output items; the stream's
+  ``output_index`` (which also counts messages and reasoning items) maps to it.
+  Arguments come from the ``.delta`` events; the ``.done`` repeat is ignored.
+- Finish: ``completed`` is ``tool_calls`` when the response called a function,
+  else ``stop``; ``incomplete`` maps ``max_output_tokens`` to ``length``.
+- ``refusal`` deltas are content, as in the Chat Completions adapter.
+- A body still ``queued``/``in_progress`` (background mode) has no ``Done``.
+"""
+
+from __future__ import annotations
+
+from semhealth.collectors.adapters.base import (
+    SHAPE,
+    FrameAdapter,
+    FrameError,
+    JsonObject,
+    error_type,
+    load_object,
+    objects,
+    opt_int,
+    opt_list,
+    opt_object,
+    opt_str,
+    usage_report,
+)
+from semhealth.collectors.events import (
+    AdapterEvent,
+    ContentDelta,
+    Done,
+    Finish,
+    StreamError,
+    ToolCallDelta,
+)
+from semhealth.collectors.frames import Frame
+
+_TEXT_DELTAS = frozenset({"response.output_text.delta", "response.refusal.delta"})
+_ARGUMENT_DELTAS = frozenset(
+    {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
+)
+_TOOL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+_TERMINAL = {
+    "response.completed": "completed",
+    "response.incomplete": "incomplete",
+    "response.failed": "failed",
+}
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+class OpenAIResponsesAdapter(FrameAdapter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._tool_index: dict[int, int] = {}  # output_index -> tool index
+
+    def _parse(self, frame: Frame) -> list[AdapterEvent]:
+        obj = load_object(frame.data)
+        if obj.get("object") == "response":
+            return self._body(obj, frame.t)  # stream events nest the response, never are one
+        kind = opt_str(obj, "type") or frame.event
+        if not kind:
+            raise FrameError(SHAPE)  # every event names its type
+        if kind in _TEXT_DELTAS:
+            text = opt_str(obj, "delta")
+            return [ContentDelta(text, frame.t)] if text else []
+        if kind in _ARGUMENT_DELTAS:
+            return self._argument_delta(obj, frame.t)
+        if kind == "response.output_item.added":
+            return self._item_added(obj, frame.t)
+        if kind in ("response.created", "response.in_progress"):
+            out: list[AdapterEvent] = []
+            self._note_model(opt_str(_response(obj), "model"), out)
+            return out
+        if kind in _TERMINAL:
+            return self._outcome(_response(obj), _TERMINAL[kind])
+        if kind == "error":
+            return [_error_event(obj)]
+        return []
+
+    def _item_added(self, obj: JsonObject, t: int) -> list[AdapterEvent]:
+        item = _item(obj)
+        if opt_str(item, "type") not in _TOOL_ITEMS:
+            return []
+        index = self._tool(_output_index(obj))
+        arguments = opt_str(item, "arguments") or opt_str(item, "input") or ""
+        return [
+            ToolCallDelta(
+                index=index,
+                t=t,
+                id=opt_str(item, "call_id"),
+                name=opt_str(item, "name"),
+                arguments=arguments,
+            )
+        ]
+
+    def _argument_delta(self, obj: JsonObject, t: int) -> list[AdapterEvent]:
+        delta = opt_str(obj, "delta")
+        # An unseen output_index (its ``output_item.added`` was shed) still gets its own tool.
+        index = self._tool(_output_index(obj))
+        return [ToolCallDelta(index=index, t=t, arguments=delta)] if delta else []
+
+    def _tool(self, output_index: int) -> int:
+        return self._tool_index.setdefault(output_index, len(self._tool_index))
+
+    def _outcome(self, response: JsonObject, status: str) -> list[AdapterEvent]:
+        out: list[AdapterEvent] = []
+        self._note_model(opt_str(response, "model"), out)
+        called = bool(self._tool_index) or _has_tool_items(response)
+        out += _status_events(response, status, called)
+        out += _usage(response)
+        out.append(Done())
+        return out
+
+    def _body(self, response: JsonObject, t: int) -> list[AdapterEvent]:
+        out: list[AdapterEvent] = []
+        self._note_model(opt_str(response, "model"), out)
+        texts: list[str] = []
+        tools: list[AdapterEvent] = []
+        for item in objects(opt_list(response, "output") or []):
+            kind = opt_str(item, "type")
+            if kind == "message":
+                texts += _message_texts(item)
+            elif kind in _TOOL_ITEMS:
+                tools.append(_whole_tool_call(len(tools), item, t))
+        text = "".join(texts)
+        if text:
+            out.append(ContentDelta(text, t))
+        out += tools
+        status = opt_str(response, "status") or ""
+        out += _status_events(response, status, bool(tools))
+        out += _usage(response)
+        if status in ("completed", "incomplete", "failed", "cancelled"):
+            out.append(Done())
+        return out
+
+
+def _item(obj: JsonObject) -> JsonObject:
+    item = opt_object(obj, "item")
+    if item is None:
+        raise FrameError(SHAPE)
+    return item
+
+
+def _error_event(obj: JsonObject) -> StreamError:
+    # Nested ``error`` object in newer streams; a top-level ``code`` (its ``type`` is
+    # just "error") in the documented one.
+    nested = obj.get("error")
+    if isinstance(nested, dict):
+        return StreamError(error_type(nested))
+    return StreamError(error_type({"code": obj.get("code")}))
+
+
+def _response(obj: JsonObject) -> JsonObject:
+    response = opt_object(obj, "response")
+    if response is None:
+        raise FrameError(SHAPE)
+    return response
+
+
+def _output_index(obj: JsonObject) -> int:
+    index = opt_int(obj, "output_index")
+    if index is None:
+        raise FrameError(SHAPE)
+    return index
+
+
+def _has_tool_items(response: JsonObject) -> bool:
+    items = objects(opt_list(response, "output") or [])
+    return any(opt_str(item, "type") in _TOOL_ITEMS for item in items)
+
+
+def _status_events(response: JsonObject, status: str, called: bool) -> list[AdapterEvent]:
+    if status == "completed":
+        return [Finish("tool_calls" if called else "stop")]
+    if status == "incomplete":
+        details = opt_object(response, "incomplete_details") or {}
+        reason = opt_str(details, "reason") or "incomplete"
+        return [Finish(_INCOMPLETE.get(reason, reason))]
+    if status == "failed":
+        return [StreamError(error_type(response.get("error"), default="failed"))]
+    if status == "cancelled":
+        return [Finish("cancelled")]
+    return []
+
+
+def _usage(response: JsonObject) -> list[AdapterEvent]:
+    usage = opt_object(response, "usage")
+    if usage is None:
+        return []
+    return usage_report(opt_int(usage, "input_tokens"), opt_int(usage, "output_tokens"))
+
+
+def _message_texts(item: JsonObject) -> list[str]:
+    texts: list[str] = []
+    for part in objects(opt_list(item, "content") or []):
+        kind = opt_str(part, "type")
+        if kind == "output_text":
+            texts.append(opt_str(part, "text") or "")
+        elif kind == "refusal":
+            texts.append(opt_str(part, "refusal") or "")
+    return texts
+
+
+def _whole_tool_call(index: int, item: JsonObject, t: int) -> ToolCallDelta:
+    return ToolCallDelta(
+        index=index,
+        t=t,
+        id=opt_str(item, "call_id"),
+        name=opt_str(item, "name"),
+        arguments=opt_str(item, "arguments") or opt_str(item, "input") or "",
+    )

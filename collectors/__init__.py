@@ -1,0 +1,50 @@
+"""Bytes -> frames -> events -> one ``StreamRecord`` per exchange. Sans-IO: no asyncio here."""
+
+from semhealth.collectors.collector import Exchange, StreamCollector, match_route
+from semhealth.collectors.config import Analysis, Config, Extract, Limits, Route, default_config
+from semhealth.collectors.continuity import Continuity, measure_continuity
+from semhealth.collectors.frames import DecodeError, Decoder, Frame
+from semhealth.collectors.framing import detect_framing, make_decoder
+from semhealth.collectors.json_body import JSONBodyDecoder
+from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
+from semhealth.collectors.ndjson import NDJSONDecoder
+from semhealth.collectors.record import (
+    RequestFacts,
+    StreamRecord,
+    StreamState,
+    StructureRequest,
+    ToolCall,
+    Usage,
+)
+from semhealth.collectors.request import extract_request
+from semhealth.collectors.sse import SSEDecoder
+
+__all__ = [
+    "Analysis",
+    "Config",
+    "Continuity",
+    "DecodeError",
+    "Decoder",
+    "Exchange",
+    "Extract",
+    "Frame",
+    "JSONBodyDecoder",
+    "LengthPrefixedDecoder",
+    "Limits",
+    "NDJSONDecoder",
+    "RequestFacts",
+    "Route",
+    "SSEDecoder",
+    "StreamCollector",
+    "StreamRecord",
+    "StreamState",
+    "StructureRequest",
+    "ToolCall",
+    "Usage",
+    "default_config",
+    "detect_framing",
+    "extract_request",
+    "make_decoder",
+    "match_route",
+    "measure_continuity",
+]

@@ -8,6 +8,7 @@ scores high, even when its mean rate is fine.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def intervals_s(delta_ns: Sequence[int]) -> list[float]:
-    return [(b - a) / 1e9 for a, b in zip(delta_ns, delta_ns[1:], strict=False)]
+    return [(b - a) / 1e9 for a, b in itertools.pairwise(delta_ns)]
 
 
 def pstdev(values: Sequence[float]) -> float:

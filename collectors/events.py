@@ -55,14 +55,17 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class StreamError:
-    """An error object inside the stream. ``type`` is the provider's error type/code, never its message."""
+    """An error object inside the stream: the provider's error type or code, never its message."""
 
     type: str
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The stream's explicit end marker (``[DONE]``, ``message_stop``, ``response.completed``, ``done: true``)."""
+    """The stream's explicit end marker.
+
+    ``[DONE]``, ``message_stop``, ``response.completed``, ``done: true``.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,5 +76,12 @@ class Malformed:
 
 
 AdapterEvent = (
-    ContentDelta | ToolCallDelta | UsageReport | ModelReport | Finish | StreamError | Done | Malformed
+    ContentDelta
+    | ToolCallDelta
+    | UsageReport
+    | ModelReport
+    | Finish
+    | StreamError
+    | Done
+    | Malformed
 )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from semhealth.collectors.config import FRAMINGS
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.json_body import JSONBodyDecoder

@@ -6,6 +6,7 @@ import tracemalloc
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from semhealth.collectors.frames import DecodeError, Frame
 from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
 

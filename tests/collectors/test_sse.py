@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
+
 from semhealth.collectors.frames import DecodeError, Frame
 from semhealth.collectors.sse import SSEDecoder
 

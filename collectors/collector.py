@@ -1,0 +1,204 @@
+"""One response's analysis: bytes in, one ``StreamRecord`` out.
+
+``StreamCollector`` composes the stages for one request/response exchange:
+content decoding (gzip/deflate), framing (SSE, NDJSON, ...), the provider
+adapter, and the running ``StreamState``. It is sans-IO and never raises on
+bad input: whatever goes wrong becomes part of the record.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from semhealth.collectors.adapters.registry import detect_provider, make_adapter
+from semhealth.collectors.config import Config, Extract, Route
+from semhealth.collectors.frames import Decoder
+from semhealth.collectors.framing import detect_framing, make_decoder
+from semhealth.collectors.record import RequestFacts, StreamRecord, StreamState, Usage
+from semhealth.collectors.request import extract_request
+
+OTHER_ROUTE = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """Facts the proxy knew when the response head arrived. Clock: ``time.monotonic_ns``."""
+
+    method: str
+    path: str
+    start_ns: int
+    status: int
+    content_type: str | None
+    content_encoding: str | None
+    response_ns: int | None
+    request_body: bytes | None  # None when the body was not copied for analysis
+    request_skip: str | None = None  # why request_body is None: "oversized", ...
+    ratelimit_source: str | None = None
+
+
+def match_route(routes: Iterable[Route], path: str) -> Route | None:
+    """The first route whose glob matches ``path`` (query string excluded)."""
+    for route in routes:
+        if fnmatch.fnmatchcase(path, route.match):
+            return route
+    return None
+
+
+class _Inflater:
+    """Incremental gzip/deflate decoding, bounded so a compressed bomb cannot grow memory."""
+
+    def __init__(self, encoding: str) -> None:
+        # wbits 47 = auto-detect zlib or gzip header; raw deflate is tried when zlib fails.
+        self._obj = zlib.decompressobj(47 if encoding == "gzip" else zlib.MAX_WBITS)
+        self._raw_fallback = encoding == "deflate"
+        self.failed = False
+
+    def decode(self, chunk: bytes, budget: int) -> bytes:
+        if self.failed:
+            return b""
+        try:
+            return self._obj.decompress(chunk, max(budget, 1))
+        except zlib.error:
+            if self._raw_fallback:
+                self._raw_fallback = False
+                self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
+                return self.decode(chunk, budget)
+            self.failed = True
+            return b""
+
+
+class StreamCollector:
+    """Analysis of one exchange. ``feed`` body chunks in order, then ``finish`` once."""
+
+    def __init__(self, exchange: Exchange, config: Config) -> None:
+        self._exchange = exchange
+        self._limits = config.limits
+        self._analysis = config.analysis
+        path = exchange.path.split("?", 1)[0]
+        route = match_route(config.routes, path)
+        self.route = route.name if route else OTHER_ROUTE
+        provider = route.provider if route else "auto"
+        if provider == "auto":
+            provider = detect_provider(path, exchange.content_type)
+        self.provider = provider
+        framing = route.framing if route else "auto"
+        if framing == "auto":
+            framing = detect_framing(exchange.content_type)
+        self.framing = framing
+        self._decoder: Decoder = make_decoder(framing, self._limits.max_frame_bytes)
+        self._adapter = make_adapter(provider)
+        self._state = StreamState()
+        self._extract = route.extract if route else Extract()
+        self._inflater: _Inflater | None = None
+        self._errors: list[str] = []
+        encoding = (exchange.content_encoding or "identity").strip().lower()
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            self._inflater = _Inflater("deflate" if encoding == "deflate" else "gzip")
+        elif encoding != "identity":
+            self._errors.append("unsupported_encoding")
+        self._analysing = encoding in ("identity", "gzip", "x-gzip", "deflate")
+        self._analysed_bytes = 0
+        self._wire_bytes = 0
+        self._first_byte_ns: int | None = None
+        self.truncated = False
+
+    def feed(self, chunk: bytes, t: int) -> None:
+        if self._first_byte_ns is None:
+            self._first_byte_ns = t
+        self._wire_bytes += len(chunk)
+        if not self._analysing:
+            return
+        budget = self._limits.max_response_bytes - self._analysed_bytes
+        if self._inflater is not None:
+            chunk = self._inflater.decode(chunk, budget + 1)
+            if self._inflater.failed:
+                self._stop("bad_encoding")
+                return
+        if len(chunk) > budget:
+            chunk = chunk[:budget]
+            self.truncated = True
+        self._analysed_bytes += len(chunk)
+        if chunk:
+            self._consume(self._decoder.feed(chunk, t))
+        if self.truncated:
+            self._analysing = False
+
+    def _stop(self, reason: str) -> None:
+        self._errors.append(reason)
+        self._analysing = False
+
+    def _consume(self, frames: Iterable[object]) -> None:
+        adapter, state = self._adapter, self._state
+        for frame in frames:
+            for event in adapter.feed(frame):  # type: ignore[arg-type]
+                state.apply(event)
+
+    def finish(
+        self,
+        end_ns: int,
+        *,
+        client_aborted: bool = False,
+        upstream_aborted: bool = False,
+        shed: bool = False,
+        error_type: str | None = None,
+    ) -> StreamRecord:
+        """Close the decoders and freeze everything known into a record."""
+        if self._analysing:
+            self._consume(self._decoder.close(end_ns))
+        exchange, state = self._exchange, self._state
+        # A sniffing adapter learns the provider from the response itself.
+        self.provider = getattr(self._adapter, "provider", None) or self.provider
+        facts, prompt_class = self._request_facts()
+        errors = [*self._errors, *(e.reason for e in self._decoder.errors)]
+        return StreamRecord(
+            route=self.route,
+            provider=self.provider,
+            model=state.model or facts.model or "unknown",
+            prompt_class=prompt_class,
+            request=facts,
+            status=exchange.status,
+            start_ns=exchange.start_ns,
+            end_ns=end_ns,
+            response_ns=exchange.response_ns,
+            first_byte_ns=self._first_byte_ns,
+            first_delta_ns=state.delta_ns[0] if state.delta_ns else None,
+            delta_ns=tuple(state.delta_ns),
+            output_text=state.output_text,
+            tool_calls=state.tool_calls(),
+            usage=Usage(state.usage_in, state.usage_out),
+            finish_reason=state.finish_reason,
+            done=state.done,
+            streamed=self.framing in ("sse", "ndjson", "length_prefixed"),
+            error_type=error_type or _error_type(exchange.status, state.errors),
+            ratelimit_source=exchange.ratelimit_source,
+            client_aborted=client_aborted,
+            upstream_aborted=upstream_aborted,
+            shed=shed,
+            truncated=self.truncated,
+            malformed_frames=state.malformed,
+            decode_errors=tuple(errors),
+            response_bytes=self._wire_bytes,
+        )
+
+    def _request_facts(self) -> tuple[RequestFacts, str]:
+        exchange = self._exchange
+        if exchange.request_body is None:
+            return RequestFacts(analysed=False, skip_reason=exchange.request_skip), "short"
+        return extract_request(
+            exchange.request_body,
+            self.provider,
+            self._extract,
+            long_context_tokens=self._analysis.long_context_tokens,
+        )
+
+
+def _error_type(status: int, stream_errors: list[str]) -> str | None:
+    """HTTP errors by status code; an error inside a 2xx stream by the provider's type."""
+    if status >= 400:
+        return str(status)
+    if stream_errors:
+        return stream_errors[0]
+    return None

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import orjson
 import yaml
 from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
+
 from semhealth.agent.errors import ConfigError, ConfigIssue
 from semhealth.collectors import config as collectors_config
 from semhealth.collectors.config import FRAMINGS, PROVIDERS, Analysis, Extract, Limits, Route

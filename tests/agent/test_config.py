@@ -12,6 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+
 from semhealth.agent import config as agent_config
 from semhealth.agent.config import (
     LOG_FORMATS,
@@ -70,8 +71,8 @@ BAD_FILES = {
     ],
     "bad_enum.yaml": [
         "{file}:6:5: routes[0].provider: unknown provider 'openai' (fix: did you mean"
-        " 'openai_chat'? (one of: auto, openai_chat, openai_responses, anthropic_messages,"
-        " ollama, tgi))",
+        " 'openai_chat'? (one of: auto, openai_chat, openai_completions, openai_responses,"
+        " anthropic_messages, ollama, tgi))",
     ],
     "bad_url_scheme.yaml": [
         "{file}:2:3: upstream.url: scheme 'ftp' is not supported"

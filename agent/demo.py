@@ -1,0 +1,159 @@
+"""``semhealth demo``: the sidecar in front of a built-in simulated LLM, with traffic.
+
+A newcomer sees live numbers without owning an LLM server: the simulated
+upstream streams OpenAI- and Anthropic-style answers with realistic timing
+(some JSON, some malformed, some stalls, some 429s), a traffic generator sends
+requests through the real proxy, and a summary of the analysed streams is
+printed to the terminal. The admin endpoint serves ``/metrics`` meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from semhealth.agent.app import Agent, Settings
+from semhealth.agent.config import load_config
+from semhealth.agent.simulator import DemoProfile, ScriptRequest, SimulatedUpstream, demo_script
+from semhealth.agent.traffic import TrafficGenerator
+from semhealth.collectors.continuity import measure_continuity, quantile
+from semhealth.collectors.record import StreamRecord
+
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    t: float
+    record: StreamRecord
+
+
+class DemoSummary:
+    """Rolling one-minute view of the records, rendered as a small text table."""
+
+    def __init__(self, stall_threshold_s: float) -> None:
+        self._stall_threshold_s = stall_threshold_s
+        self._recent: collections.deque[_Seen] = collections.deque()
+        self.total = 0
+
+    def consume_record(self, record: StreamRecord) -> None:
+        self.total += 1
+        self._recent.append(_Seen(time.monotonic(), record))
+
+    def _window(self) -> list[StreamRecord]:
+        horizon = time.monotonic() - WINDOW_S
+        while self._recent and self._recent[0].t < horizon:
+            self._recent.popleft()
+        return [seen.record for seen in self._recent]
+
+    def render(self) -> str:
+        records = self._window()
+        lines = [f"streams analysed: {self.total} total, {len(records)} in the last minute"]
+        by_route: dict[tuple[str, str], list[StreamRecord]] = collections.defaultdict(list)
+        for record in records:
+            by_route[(record.route, record.provider)].append(record)
+        header = (
+            f"{'route':<18}{'provider':<20}{'n':>5}{'ttft p50':>10}{'ttft p95':>10}"
+            f"{'cont p50':>10}{'cont p95':>10}{'stalls':>8}{'errors':>8}{'json':>6}"
+        )
+        lines.append(header)
+        for (route, provider), group in sorted(by_route.items()):
+            lines.append(self._row(route, provider, group))
+        return "\n".join(lines)
+
+    def _row(self, route: str, provider: str, group: list[StreamRecord]) -> str:
+        continuity = [measure_continuity(r, self._stall_threshold_s) for r in group]
+        ttft = sorted(c.ttft_s for c in continuity if c.ttft_s is not None)
+        index = sorted(c.index_s for c in continuity if c.index_s is not None)
+        stalls = sum(c.stalls for c in continuity)
+        errors = sum(1 for r in group if r.error_type or r.upstream_aborted)
+        structured = sum(1 for r in group if r.request.structure)
+        return (
+            f"{route:<18}{provider:<20}{len(group):>5}{_ms(ttft, 0.5):>10}{_ms(ttft, 0.95):>10}"
+            f"{_ms(index, 0.5):>10}{_ms(index, 0.95):>10}{stalls:>8}{errors:>8}{structured:>6}"
+        )
+
+
+def _ms(values: list[float], q: float) -> str:
+    if not values:
+        return "-"
+    return f"{quantile(values, q) * 1000:.0f}ms"
+
+
+async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    profile = DemoProfile()
+
+    def script_for(request: ScriptRequest) -> object:
+        return demo_script(request, rng, profile)
+
+    upstream = SimulatedUpstream(script_for)  # type: ignore[arg-type]
+    await upstream.start()
+    overrides: dict[str, object] = {"upstream.url": upstream.url}
+    overrides["listen.proxy"] = args.listen or "127.0.0.1:8080"
+    overrides["listen.admin"] = args.admin_listen or "127.0.0.1:9464"
+    if args.log_level:
+        overrides["log.level"] = args.log_level
+    config = load_config(None, os.environ, overrides)
+    summary = DemoSummary(config.collectors.analysis.stall_threshold_s)
+    agent = Agent(config, Settings(consumers=[summary.consume_record]))
+    traffic: TrafficGenerator | None = None
+    try:
+        await agent.start()
+        traffic = TrafficGenerator(
+            agent.proxy_url,
+            profile,
+            rng,
+            concurrency=args.concurrency,
+            rate_per_s=args.rate,
+        )
+        await traffic.start()
+        print(
+            f"semhealth demo (seed {seed}): proxy {agent.proxy_url}"
+            f" -> simulated LLM {upstream.url}\n"
+            f"metrics: {agent.admin_url}/metrics   stop: Ctrl-C",
+            file=out,
+        )
+        await _show(summary, out, args.duration)
+    finally:
+        if traffic is not None:
+            await traffic.shutdown()
+        await agent.shutdown()
+        await upstream.shutdown()
+    print(summary.render(), file=out)
+    return 0
+
+
+async def _show(summary: DemoSummary, out: TextIO, duration_s: float | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    interactive = out.isatty()
+    period = 1.0 if interactive else 5.0
+    deadline = None if duration_s is None else loop.time() + duration_s
+    drawn = 0
+    while not stop.is_set():
+        timeout = period if deadline is None else min(period, max(deadline - loop.time(), 0))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout)
+        if deadline is not None and loop.time() >= deadline:
+            break
+        text = summary.render()
+        if interactive:
+            # Redraw in place: move up over the previous table and clear to the end.
+            out.write(f"\x1b[{drawn}F\x1b[J" if drawn else "")
+            drawn = text.count("\n") + 1
+        out.write(text + "\n")
+        out.flush()

@@ -1,0 +1,201 @@
+"""The tap: copies of the proxy's traffic, handed to analysis without ever waiting.
+
+The proxy owns one ``TapStream`` per exchange and calls it after each chunk
+has been written to the client. Data chunks go through one bounded queue
+shared by all streams; when it is full the stream is marked shed, its later
+chunks are skipped and the drop is counted (``dropped["tap"]``), and the
+client never notices. Control items (a stream's end) are always admitted:
+there is at most one per open stream, so they are bounded by the number of
+connections, not by bytes.
+
+One worker task drains the queue, drives a sans-IO ``StreamCollector`` per
+stream and hands each finished ``StreamRecord`` to ``consume_record``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.config import Config as CollectorsConfig
+from semhealth.collectors.record import StreamRecord
+
+log = logging.getLogger(__name__)
+
+ConsumeRecord = Callable[[StreamRecord], None]
+
+# Yield to the event loop after this many queue items so a burst of analysis
+# never holds the proxy's forwarding coroutines back for long.
+_ITEMS_PER_SLICE = 64
+
+
+@dataclass(slots=True)
+class TapStats:
+    """Counters the telemetry layer reads; plain ints, updated on the loop thread only."""
+
+    streams_opened: int = 0
+    streams_closed: int = 0
+    records: int = 0
+    chunks_dropped: int = 0
+    streams_shed: int = 0
+    requests_unanalysed: dict[str, int] = field(default_factory=dict)
+    analysis_errors: int = 0
+    queue_depth: int = 0
+
+    def unanalysed(self, reason: str) -> None:
+        self.requests_unanalysed[reason] = self.requests_unanalysed.get(reason, 0) + 1
+
+
+@dataclass(slots=True, kw_only=True)
+class Outcome:
+    """How an exchange ended, from the proxy's side."""
+
+    end_ns: int
+    client_aborted: bool = False
+    upstream_aborted: bool = False
+    error_type: str | None = None
+
+
+class TapStream:
+    """The proxy's handle on one exchange's analysis."""
+
+    __slots__ = ("_tap", "collector", "exchange", "failed", "outcome", "shed")
+
+    def __init__(self, tap: Tap, exchange: Exchange) -> None:
+        self._tap = tap
+        self.exchange = exchange
+        self.collector: StreamCollector | None = None  # created by the worker, never by the proxy
+        self.shed = False
+        self.failed = False  # analysis raised; the rest of this stream is skipped
+        self.outcome: Outcome | None = None
+
+    def offer(self, chunk: bytes, t: int) -> None:
+        """Hand a copy of a chunk that has already been written to the client. Never blocks."""
+        if self.shed:
+            return
+        self._tap.offer(self, chunk, t)
+
+    def close(self, outcome: Outcome) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self._tap.close_stream(self)
+
+
+class Tap:
+    """Bounded hand-off from the proxy to the collectors, and the worker that drains it."""
+
+    def __init__(
+        self,
+        config: CollectorsConfig,
+        consume_record: ConsumeRecord,
+        *,
+        stats: TapStats | None = None,
+    ) -> None:
+        self._config = config
+        self._consume_record = consume_record
+        self._capacity = config.limits.tap_queue_size
+        self._items: collections.deque[tuple[TapStream, bytes | None, int]] = collections.deque()
+        self._data_items = 0
+        self._wakeup = asyncio.Event()
+        self._drained = asyncio.Event()  # set whenever the worker finds the queue empty
+        self._task: asyncio.Task[None] | None = None
+        self._accepting = True
+        self.stats = stats or TapStats()
+
+    def open_stream(self, exchange: Exchange) -> TapStream:
+        self.stats.streams_opened += 1
+        stream = TapStream(self, exchange)
+        if not self._accepting:
+            stream.shed = True
+        return stream
+
+    def offer(self, stream: TapStream, chunk: bytes, t: int) -> None:
+        if not self._accepting or self._data_items >= self._capacity:
+            if not stream.shed:
+                stream.shed = True
+                self.stats.streams_shed += 1
+            self.stats.chunks_dropped += 1
+            return
+        self._items.append((stream, chunk, t))
+        self._data_items += 1
+        self.stats.queue_depth = self._data_items
+        self._wakeup.set()
+
+    def close_stream(self, stream: TapStream) -> None:
+        self.stats.streams_closed += 1
+        self._items.append((stream, None, 0))
+        self._wakeup.set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="semhealth-tap")
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop taking chunks, analyse what is queued (within the deadline), stop the worker."""
+        self._accepting = False
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._drained.clear()
+        self._wakeup.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _run(self) -> None:
+        while True:
+            if not self._items:
+                self._drained.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            for _ in range(min(len(self._items), _ITEMS_PER_SLICE)):
+                stream, chunk, t = self._items.popleft()
+                if chunk is not None:
+                    self._data_items -= 1
+                self._process(stream, chunk, t)
+            self.stats.queue_depth = self._data_items
+            await asyncio.sleep(0)
+
+    def _process(self, stream: TapStream, chunk: bytes | None, t: int) -> None:
+        # Analysis must never take the worker down: a bug in a decoder costs one record.
+        if stream.failed:
+            return
+        try:
+            if stream.collector is None:
+                stream.collector = StreamCollector(stream.exchange, self._config)
+            if chunk is not None:
+                stream.collector.feed(chunk, t)
+                return
+            outcome = stream.outcome
+            assert outcome is not None
+            record = stream.collector.finish(
+                outcome.end_ns,
+                client_aborted=outcome.client_aborted,
+                upstream_aborted=outcome.upstream_aborted,
+                shed=stream.shed,
+                error_type=outcome.error_type,
+            )
+            stream.collector = None
+        except Exception:
+            self.stats.analysis_errors += 1
+            log.exception("analysis failed for one stream (route=%s)", _route_of(stream))
+            stream.failed = True
+            stream.collector = None
+            return
+        self.stats.records += 1
+        try:
+            self._consume_record(record)
+        except Exception:
+            self.stats.analysis_errors += 1
+            log.exception("record consumer failed")
+
+
+def _route_of(stream: TapStream) -> str:
+    return stream.collector.route if stream.collector is not None else "?"

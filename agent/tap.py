@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,9 +30,9 @@ log = logging.getLogger(__name__)
 
 ConsumeRecord = Callable[[StreamRecord], None]
 
-# Yield to the event loop after this many queue items so a burst of analysis
-# never holds the proxy's forwarding coroutines back for long.
-_ITEMS_PER_SLICE = 64
+# The worker shares the event loop with forwarding. It yields after this much
+# analysis so a chunk waiting to be relayed is never held back longer than that.
+_SLICE_NS = 200_000
 
 
 @dataclass(slots=True)
@@ -155,7 +156,8 @@ class Tap:
                 self._drained.set()
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            for _ in range(min(len(self._items), _ITEMS_PER_SLICE)):
+            slice_end = time.perf_counter_ns() + _SLICE_NS
+            while self._items and time.perf_counter_ns() < slice_end:
                 stream, chunk, t = self._items.popleft()
                 if chunk is not None:
                     self._data_items -= 1

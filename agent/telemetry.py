@@ -56,7 +56,8 @@ class Telemetry:
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
-        self._prometheus = PrometheusMetricReader(registry=self._registry)
+        # Scope labels would repeat the same constant on every series.
+        self._prometheus = PrometheusMetricReader(registry=self._registry, scope_info_enabled=False)
         self.provider = MeterProvider(
             resource=Resource.create(attributes), metric_readers=[self._prometheus]
         )

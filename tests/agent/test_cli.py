@@ -1,0 +1,131 @@
+"""The command line as a user runs it: real subprocesses, real ports on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from semhealth.agent.cli import main
+from semhealth.agent.simulator import Script, SimulatedUpstream
+
+TESTDATA = Path(__file__).parent / "testdata" / "config"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "semhealth.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    # A clean environment: a stray SEMHEALTH_* variable must not change what is tested.
+    return {k: v for k, v in os.environ.items() if not k.startswith("SEMHEALTH_")}
+
+
+def test_config_schema_prints_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert {"upstream", "listen", "routes", "limits", "analysis"} <= set(schema["properties"])
+
+
+def test_config_check_accepts_the_shipped_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "check", str(EXAMPLE)]) == 0
+    assert capsys.readouterr().out.strip().endswith(": ok")
+
+
+def test_config_check_names_the_bad_key_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "check", str(TESTDATA / "unknown_key.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "unknown_key.yaml:" in err
+    assert "fix:" in err
+
+
+async def _wait_ready(admin: str, deadline_s: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    async with aiohttp.ClientSession() as client:
+        while loop.time() < end:
+            try:
+                async with client.get(admin + "/readyz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("semhealth did not become ready")
+
+
+async def test_run_with_only_upstream_serves_traffic_and_stops_on_sigterm() -> None:
+    upstream = SimulatedUpstream(lambda r: Script(pieces=("hello", " world")))
+    await upstream.start()
+    proxy_port, admin_port = _free_port(), _free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run",
+        "--upstream", upstream.url,
+        "--listen", f"127.0.0.1:{proxy_port}",
+        "--admin-listen", f"127.0.0.1:{admin_port}",
+        env=_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_ready(f"http://127.0.0.1:{admin_port}")
+        async with aiohttp.ClientSession() as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+            async with client.post(url, json=body) as r:
+                text = await r.text()
+            assert r.status == 200
+            assert '"hello"' in text
+            await asyncio.sleep(0.2)  # analysis is asynchronous
+            async with client.get(f"http://127.0.0.1:{admin_port}/metrics") as r:
+                metrics = await r.text()
+        assert "semhealth_records_total 1.0" in metrics
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 15) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await upstream.shutdown()
+
+
+async def test_run_with_a_bad_config_exits_2_and_says_why(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("upstream:\n  url: ftp://example.invalid\n")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run", "--config", str(bad),
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2
+    assert b"upstream.url" in err
+    assert b"ftp" in err
+
+
+async def test_demo_runs_live_traffic_and_prints_a_summary() -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "demo",
+        "--duration", "4", "--rate", "10", "--seed", "7",
+        "--listen", f"127.0.0.1:{_free_port()}",
+        "--admin-listen", f"127.0.0.1:{_free_port()}",
+        env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    summary = out.decode()
+    assert "streams analysed:" in summary
+    total = int(summary.rsplit("streams analysed: ", 1)[1].split(" ", 1)[0])
+    assert total > 5
+    for route in ("chat_completions", "messages"):
+        assert route in summary

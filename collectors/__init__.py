@@ -6,6 +6,7 @@ from semhealth.collectors.continuity import Continuity, measure_continuity
 from semhealth.collectors.frames import DecodeError, Decoder, Frame
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.json_body import JSONBodyDecoder
+from semhealth.collectors.json_check import JSONChecker
 from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
 from semhealth.collectors.ndjson import NDJSONDecoder
 from semhealth.collectors.record import (
@@ -18,6 +19,7 @@ from semhealth.collectors.record import (
 )
 from semhealth.collectors.request import extract_request
 from semhealth.collectors.sse import SSEDecoder
+from semhealth.collectors.validity import SchemaCache, ValidityResult, check_output, validate_record
 
 __all__ = [
     "Analysis",
@@ -29,22 +31,27 @@ __all__ = [
     "Extract",
     "Frame",
     "JSONBodyDecoder",
+    "JSONChecker",
     "LengthPrefixedDecoder",
     "Limits",
     "NDJSONDecoder",
     "RequestFacts",
     "Route",
     "SSEDecoder",
+    "SchemaCache",
     "StreamCollector",
     "StreamRecord",
     "StreamState",
     "StructureRequest",
     "ToolCall",
     "Usage",
+    "ValidityResult",
+    "check_output",
     "default_config",
     "detect_framing",
     "extract_request",
     "make_decoder",
     "match_route",
     "measure_continuity",
+    "validate_record",
 ]

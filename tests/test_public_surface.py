@@ -12,7 +12,8 @@ SURFACE = {
     "semhealth.agent": {"Agent", "Config", "ConfigError", "Settings", "default_config", "load_config"},
     "semhealth.collectors": {
         "Analysis", "Config", "Continuity", "DecodeError", "Decoder", "Exchange", "Extract",
-        "Frame", "JSONBodyDecoder", "LengthPrefixedDecoder", "Limits", "NDJSONDecoder",
+        "Frame", "JSONBodyDecoder", "JSONChecker", "SchemaCache", "ValidityResult",
+        "check_output", "validate_record", "LengthPrefixedDecoder", "Limits", "NDJSONDecoder",
         "RequestFacts", "Route", "SSEDecoder", "StreamCollector", "StreamRecord", "StreamState",
         "StructureRequest", "ToolCall", "Usage", "default_config", "detect_framing",
         "extract_request", "make_decoder", "match_route", "measure_continuity",

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +20,8 @@ from aiohttp import web
 from semhealth.agent.admin import build_admin_app
 from semhealth.agent.config import Address, Config
 from semhealth.agent.proxy import Proxy, UpstreamSettings
-from semhealth.agent.tap import ConsumeRecord, Tap
+from semhealth.agent.recorder import RecorderSettings
+from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
 from semhealth.agent.telemetry import Settings as TelemetrySettings
 from semhealth.agent.telemetry import Telemetry
 from semhealth.collectors.record import StreamRecord
@@ -33,8 +34,15 @@ class Settings:
     """What code (not the YAML) hands the agent."""
 
     consumers: Sequence[ConsumeRecord] = ()
-    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    telemetry: TelemetrySettings | None = None  # None: from the configuration
     shutdown_timeout_s: float = 10.0
+
+
+def telemetry_settings(config: Config) -> TelemetrySettings:
+    analysis = config.collectors.analysis
+    return TelemetrySettings(
+        recorder=RecorderSettings(stall_threshold_s=analysis.stall_threshold_s),
+    )
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:
@@ -62,14 +70,21 @@ class Agent:
     def __init__(self, config: Config, settings: Settings | None = None) -> None:
         self._config = config
         self._settings = settings or Settings()
-        self._consumers = tuple(self._settings.consumers)
-        self.tap = Tap(config.collectors, self._consume_record)
-        self.proxy = Proxy(upstream_settings(config), self.tap)
+        stats = TapStats()
+        proxy: Proxy | None = None
         self.telemetry = Telemetry(
-            self._settings.telemetry,
-            tap_stats=self.tap.stats,
-            active_streams=lambda: self.proxy.active_streams,
+            self._settings.telemetry or telemetry_settings(config),
+            tap_stats=stats,
+            active_streams=lambda: proxy.active_streams if proxy is not None else 0,
         )
+        self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
+        self.tap = Tap(
+            config.collectors,
+            self._consume_record,
+            stats=stats,
+            observe_analysis=self.telemetry.observe_analysis,
+        )
+        self.proxy = proxy = Proxy(upstream_settings(config), self.tap)
         self._proxy_runner: web.BaseRunner | None = None
         self._admin_runner: web.BaseRunner | None = None
         self._ready = False

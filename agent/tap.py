@@ -65,7 +65,7 @@ class Outcome:
 class TapStream:
     """The proxy's handle on one exchange's analysis."""
 
-    __slots__ = ("_tap", "collector", "exchange", "failed", "outcome", "shed")
+    __slots__ = ("_tap", "analysis_ns", "collector", "exchange", "failed", "outcome", "shed")
 
     def __init__(self, tap: Tap, exchange: Exchange) -> None:
         self._tap = tap
@@ -73,11 +73,14 @@ class TapStream:
         self.collector: StreamCollector | None = None  # created by the worker, never by the proxy
         self.shed = False
         self.failed = False  # analysis raised; the rest of this stream is skipped
+        self.analysis_ns = 0  # time the worker spent on this stream
         self.outcome: Outcome | None = None
 
     def offer(self, chunk: bytes, t: int) -> None:
         """Hand a copy of a chunk that has already been written to the client. Never blocks."""
         if self.shed:
+            # Every copy left unanalysed counts, not only the one that found the queue full.
+            self._tap.stats.chunks_dropped += 1
             return
         self._tap.offer(self, chunk, t)
 
@@ -96,9 +99,11 @@ class Tap:
         consume_record: ConsumeRecord,
         *,
         stats: TapStats | None = None,
+        observe_analysis: Callable[[float], None] | None = None,
     ) -> None:
         self._config = config
         self._consume_record = consume_record
+        self._observe_analysis = observe_analysis
         self._capacity = config.limits.tap_queue_size
         self._items: collections.deque[tuple[TapStream, bytes | None, int]] = collections.deque()
         self._data_items = 0
@@ -110,10 +115,8 @@ class Tap:
 
     def open_stream(self, exchange: Exchange) -> TapStream:
         self.stats.streams_opened += 1
-        stream = TapStream(self, exchange)
-        if not self._accepting:
-            stream.shed = True
-        return stream
+        # After shutdown its first offer finds the tap closed and sheds it, counted once.
+        return TapStream(self, exchange)
 
     def offer(self, stream: TapStream, chunk: bytes, t: int) -> None:
         if not self._accepting or self._data_items >= self._capacity:
@@ -169,11 +172,13 @@ class Tap:
         # Analysis must never take the worker down: a bug in a decoder costs one record.
         if stream.failed:
             return
+        began = time.perf_counter_ns()
         try:
             if stream.collector is None:
                 stream.collector = StreamCollector(stream.exchange, self._config)
             if chunk is not None:
                 stream.collector.feed(chunk, t)
+                stream.analysis_ns += time.perf_counter_ns() - began
                 return
             outcome = stream.outcome
             assert outcome is not None
@@ -185,6 +190,7 @@ class Tap:
                 error_type=outcome.error_type,
             )
             stream.collector = None
+            stream.analysis_ns += time.perf_counter_ns() - began
         except Exception:
             self.stats.analysis_errors += 1
             log.exception("analysis failed for one stream (route=%s)", _route_of(stream))
@@ -192,6 +198,8 @@ class Tap:
             stream.collector = None
             return
         self.stats.records += 1
+        if self._observe_analysis is not None:
+            self._observe_analysis(stream.analysis_ns / 1e9)
         try:
             self._consume_record(record)
         except Exception:

@@ -1,34 +1,131 @@
-"""The agent's metrics: one MeterProvider, read by Prometheus' text endpoint.
+"""The agent's metrics pipeline: one MeterProvider, two readers.
 
-Instruments are declared once here. The proxy and the tap keep plain counters
-(``TapStats``, ``Proxy.active_streams``); observable instruments read them at
-collection time, so the hot path only increments ints.
+``PrometheusMetricReader`` serves the admin ``/metrics``; when an OTLP endpoint
+is configured, a ``PeriodicExportingMetricReader`` pushes the same instruments
+over gRPC or HTTP/protobuf. Exporter failures are logged and counted by the
+reader's wrapper and never reach the proxy.
+
+The proxy and the tap keep plain counters (``TapStats``, active streams);
+observable instruments read them at collection time, so the hot path only
+increments ints. Finished records go through ``Recorder``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from semhealth.agent import metrics as m
+from semhealth.agent.recorder import Recorder, RecorderSettings
 from semhealth.agent.tap import TapStats
 
+log = logging.getLogger(__name__)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OTLPSettings:
+    endpoint: str  # the URL handed to the exporter as is
+    protocol: str = "grpc"  # grpc | http/protobuf
+    headers: tuple[tuple[str, str], ...] = ()
+    interval_s: float = 15.0
+    timeout_s: float = 10.0
+    insecure: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     service_name: str = "semhealth"
     resource_attributes: tuple[tuple[str, str], ...] = ()
+    otlp: OTLPSettings | None = None
+    recorder: RecorderSettings = field(default_factory=RecorderSettings)
 
 
-def _observe(read: Callable[[], int | float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+@dataclass(slots=True)
+class ExportStats:
+    exports: int = 0
+    failures: int = 0
+
+
+class _CountingExporter(MetricExporter):
+    """Delegates to the real exporter; a failure is counted and logged once per streak."""
+
+    def __init__(self, inner: MetricExporter, stats: ExportStats) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._stats = stats
+        self._failing = False
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self._stats.exports += 1
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:  # an exporter must never take the agent down
+            log.warning("OTLP export raised %s", type(exc).__name__)
+            result = MetricExportResult.FAILURE
+        if result is MetricExportResult.FAILURE:
+            self._stats.failures += 1
+            if not self._failing:
+                log.warning("OTLP metric export failed; retrying at the next interval")
+            self._failing = True
+        elif self._failing:
+            log.info("OTLP metric export recovered")
+            self._failing = False
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def build_otlp_exporter(settings: OTLPSettings) -> MetricExporter:
+    headers = dict(settings.headers)
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcExporter,
+        )
+
+        insecure = settings.insecure
+        if insecure is None:
+            insecure = settings.endpoint.startswith("http://")
+        return GrpcExporter(
+            endpoint=settings.endpoint,
+            insecure=insecure,
+            headers=headers,
+            timeout=settings.timeout_s,
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=settings.endpoint, headers=headers, timeout=settings.timeout_s)
+
+
+def _observe(read: Callable[[], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(_options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(read())]
 
@@ -45,7 +142,7 @@ def _observe_by(
 
 
 class Telemetry:
-    """Owns the MeterProvider and its readers; ``render_prometheus`` serves ``/metrics``."""
+    """Owns the MeterProvider, its readers and the record recorder."""
 
     def __init__(
         self,
@@ -57,47 +154,88 @@ class Telemetry:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
         # Scope labels would repeat the same constant on every series.
-        self._prometheus = PrometheusMetricReader(registry=self._registry, scope_info_enabled=False)
+        readers: list[MetricReader] = [
+            PrometheusMetricReader(registry=self._registry, scope_info_enabled=False)
+        ]
+        self.export_stats = ExportStats()
+        if settings.otlp is not None:
+            exporter = _CountingExporter(build_otlp_exporter(settings.otlp), self.export_stats)
+            readers.append(
+                PeriodicExportingMetricReader(
+                    exporter,
+                    export_interval_millis=settings.otlp.interval_s * 1000,
+                    export_timeout_millis=settings.otlp.timeout_s * 1000,
+                )
+            )
         self.provider = MeterProvider(
-            resource=Resource.create(attributes), metric_readers=[self._prometheus]
+            resource=Resource.create(attributes), metric_readers=readers, views=m.views()
         )
         meter = self.provider.get_meter("semhealth.agent")
-        stats = tap_stats
-        meter.create_observable_up_down_counter(
-            "semhealth_streams_active",
-            [_observe(active_streams)],
-            description="Exchanges the proxy is relaying now.",
+        self.instruments = m.Instruments(meter)
+        self.recorder = Recorder(self.instruments, settings.recorder)
+        self._observe_agent(meter, tap_stats, active_streams)
+
+    def _observe_agent(
+        self, meter: Any, stats: TapStats, active_streams: Callable[[], int]
+    ) -> None:
+        recorder = self.recorder
+
+        def validity(_options: CallbackOptions) -> Sequence[Observation]:
+            return [
+                Observation(rate, {m.ROUTE: route, m.MODEL: model, m.PROVIDER: provider})
+                for (route, model, provider), rate in recorder.validity_rates().items()
+            ]
+
+        meter.create_observable_gauge(
+            "semantic_health_model_output_validity_rate",
+            [validity],
+            description="Valid / structured outputs over the rolling window "
+            "(telemetry.validity_window_s); absent while the window has none.",
         )
-        meter.create_observable_up_down_counter(
-            "semhealth_tap_queue_depth",
-            [_observe(lambda: stats.queue_depth)],
-            description="Response chunks waiting for analysis.",
-        )
+        gauges = {
+            "semhealth_streams_active": (active_streams, "Exchanges the proxy is relaying now."),
+            "semhealth_tap_queue_depth": (
+                lambda: stats.queue_depth,
+                "Response chunks waiting for analysis.",
+            ),
+        }
+        for name, (read, description) in gauges.items():
+            meter.create_observable_up_down_counter(name, [_observe(read)], description=description)
+        export = self.export_stats
+        counters = {
+            "semhealth_streams_shed": (
+                lambda: stats.streams_shed,
+                "Exchanges whose analysis was incomplete because the tap shed chunks.",
+            ),
+            "semhealth_records": (lambda: stats.records, "Exchanges analysed into a record."),
+            "semhealth_analysis_errors": (
+                lambda: stats.analysis_errors,
+                "Exchanges whose analysis failed inside semhealth (a bug: please report).",
+            ),
+            "semhealth_label_values_folded": (
+                lambda: recorder.guard.folded,
+                "Label values folded into 'other' by the cardinality guard.",
+            ),
+            "semhealth_otlp_export_failures": (
+                lambda: export.failures,
+                "OTLP metric exports that failed (the agent keeps serving).",
+            ),
+        }
+        for name, (read, description) in counters.items():
+            meter.create_observable_counter(name, [_observe(read)], description=description)
         meter.create_observable_counter(
             "semhealth_dropped",
             [_observe_by("stage", lambda: {"tap": stats.chunks_dropped})],
             description="Work shed under load, by stage; the client's bytes are never dropped.",
         )
         meter.create_observable_counter(
-            "semhealth_streams_shed",
-            [_observe(lambda: stats.streams_shed)],
-            description="Exchanges whose analysis was incomplete because the tap shed chunks.",
-        )
-        meter.create_observable_counter(
-            "semhealth_records",
-            [_observe(lambda: stats.records)],
-            description="Exchanges analysed into a stream record.",
-        )
-        meter.create_observable_counter(
             "semhealth_requests_unanalysed",
             [_observe_by("reason", lambda: dict(stats.requests_unanalysed))],
             description="Requests forwarded without analysing their body, by reason.",
         )
-        meter.create_observable_counter(
-            "semhealth_analysis_errors",
-            [_observe(lambda: stats.analysis_errors)],
-            description="Exchanges whose analysis failed inside semhealth (a bug: please report).",
-        )
+
+    def observe_analysis(self, seconds: float) -> None:
+        self.instruments.histograms["semhealth_analysis_duration"].record(seconds)
 
     def render_prometheus(self) -> bytes:
         return generate_latest(self._registry)

@@ -54,20 +54,26 @@ class _Inflater:
         # wbits 47 = auto-detect zlib or gzip header; raw deflate is tried when zlib fails.
         self._obj = zlib.decompressobj(47 if encoding == "gzip" else zlib.MAX_WBITS)
         self._raw_fallback = encoding == "deflate"
+        # zlib rejects a raw stream only at its 2-byte header, which may span chunks:
+        # the bytes already fed are kept so the raw decoder can start from the beginning.
+        self._head = b""
         self.failed = False
 
     def decode(self, chunk: bytes, budget: int) -> bytes:
         if self.failed:
             return b""
         try:
-            return self._obj.decompress(chunk, max(budget, 1))
+            out = self._obj.decompress(chunk, max(budget, 1))
         except zlib.error:
-            if self._raw_fallback:
+            if self._raw_fallback and len(self._head) < 2:
                 self._raw_fallback = False
                 self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
-                return self.decode(chunk, budget)
+                return self.decode(self._head + chunk, budget)
             self.failed = True
             return b""
+        if self._raw_fallback and len(self._head) < 2:
+            self._head += chunk[: 2 - len(self._head)]
+        return out
 
 
 class StreamCollector:

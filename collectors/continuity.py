@@ -45,9 +45,12 @@ def intervals_s(delta_ns: Sequence[int]) -> list[float]:
 
 
 def pstdev(values: Sequence[float]) -> float:
+    # Shifted by the first value: equal intervals then give exactly 0 (a rounded mean
+    # would leave ~1e-17), and large values lose less precision.
     n = len(values)
-    mean = math.fsum(values) / n
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n)
+    shifted = [v - values[0] for v in values]
+    mean = math.fsum(shifted) / n
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in shifted) / n)
 
 
 def measure_continuity(record: StreamRecord, stall_threshold_s: float) -> Continuity:

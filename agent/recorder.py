@@ -1,0 +1,217 @@
+"""Finished stream records -> instrument updates. Stats are data; this only records them.
+
+One call per stream (never per chunk), off the forwarding path. Label values
+pass a cardinality guard first, and no text from the request or the response
+is ever used as a label.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.util.types import AttributeValue
+
+from semhealth.agent import metrics as m
+from semhealth.collectors.continuity import intervals_s, measure_continuity
+from semhealth.collectors.record import StreamRecord
+from semhealth.collectors.validity import SchemaCache, ValidityResult, validate_record
+
+OTHER = "other"
+
+# gen_ai.provider.name: the well-known values of the GenAI conventions where they apply.
+_GEN_AI_PROVIDER = {
+    "openai_chat": "openai",
+    "openai_completions": "openai",
+    "openai_responses": "openai",
+    "anthropic_messages": "anthropic",
+}
+_OPERATION = {"openai_completions": "text_completion", "tgi": "text_completion"}
+
+
+class LabelGuard:
+    """Bounded label values: the first ``max_values`` distinct values of a key pass, later ones
+    fold into ``other``. Routes are bounded by configuration; models are what this guards."""
+
+    def __init__(self, max_values: int) -> None:
+        self._max = max_values
+        self._seen: dict[str, set[str]] = {}
+        self.folded = 0
+
+    def fold(self, key: str, value: str) -> str:
+        seen = self._seen.setdefault(key, set())
+        if value in seen:
+            return value
+        if len(seen) < self._max:
+            seen.add(value)
+            return value
+        self.folded += 1
+        return OTHER
+
+
+class RollingRatio:
+    """valid / checked per label set over a sliding window, in fixed slots so memory
+    stays bounded whatever the traffic."""
+
+    def __init__(self, window_s: float, slots: int = 30) -> None:
+        self._slot_s = window_s / slots
+        self._slots = slots
+        self._counts: dict[tuple[str, ...], dict[int, list[int]]] = {}
+
+    def add(self, key: tuple[str, ...], ok: bool, now: float) -> None:
+        slot = int(now / self._slot_s)
+        cells = self._counts.setdefault(key, {})
+        cell = cells.setdefault(slot, [0, 0])
+        cell[0] += ok
+        cell[1] += 1
+        if len(cells) > self._slots:
+            self._prune(cells, slot)
+
+    def _prune(self, cells: dict[int, list[int]], current: int) -> None:
+        for old in [s for s in cells if s <= current - self._slots]:
+            del cells[old]
+
+    def ratios(self, now: float) -> dict[tuple[str, ...], float]:
+        current = int(now / self._slot_s)
+        out = {}
+        for key, cells in list(self._counts.items()):
+            self._prune(cells, current)
+            ok = sum(c[0] for c in cells.values())
+            total = sum(c[1] for c in cells.values())
+            if total:
+                out[key] = ok / total
+            else:
+                del self._counts[key]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderSettings:
+    stall_threshold_s: float = 0.5
+    validity_window_s: float = 300.0
+    max_label_values: int = 100
+    contracts: Mapping[str, dict[str, Any]] | None = None  # route name -> contract schema
+
+
+def error_type(record: StreamRecord) -> str:
+    """The error class of an exchange.
+
+    429s carry who throttled (``429_upstream``, ``429_gateway``) from ``X-RateLimit-Source``.
+    """
+    kind = record.error_type or ""
+    if record.status == 429 and record.ratelimit_source:
+        source = record.ratelimit_source.strip().lower()
+        return f"429_{source}" if source.isidentifier() else "429"
+    return kind
+
+
+class Recorder:
+    """``consume_record`` for the telemetry pipeline."""
+
+    def __init__(
+        self,
+        instruments: m.Instruments,
+        settings: RecorderSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._c = instruments.counters
+        self._h = instruments.histograms
+        self._settings = settings
+        self._clock = clock
+        self.guard = LabelGuard(settings.max_label_values)
+        self.validity = RollingRatio(settings.validity_window_s)
+        self._schemas = SchemaCache()
+        self._contracts = dict(settings.contracts or {})
+
+    def consume_record(self, record: StreamRecord) -> None:
+        route = self.guard.fold(m.ROUTE, record.route)
+        model = self.guard.fold(m.MODEL, record.model)
+        request_model = self.guard.fold(m.MODEL, record.request.model or record.model)
+        semantic: dict[str, AttributeValue] = {
+            m.ROUTE: route,
+            m.MODEL: model,
+            m.PROVIDER: record.provider,
+            m.PROMPT_CLASS: record.prompt_class,
+        }
+        gen_ai: dict[str, AttributeValue] = {
+            m.OPERATION: _OPERATION.get(record.provider, "chat"),
+            m.GEN_AI_PROVIDER: _GEN_AI_PROVIDER.get(record.provider, record.provider),
+            m.REQUEST_MODEL: request_model,
+            m.RESPONSE_MODEL: model,
+            m.ROUTE: route,
+            m.PROMPT_CLASS: record.prompt_class,
+        }
+        failure = error_type(record)
+        self._c["semantic_health_requests"].add(
+            1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
+        )
+        self._record_gen_ai(record, gen_ai, failure)
+        if not record.shed:  # a shed stream's timings and text are incomplete
+            self._record_continuity(record, semantic)
+            self._record_validity(record, semantic)
+
+    def _record_gen_ai(
+        self, record: StreamRecord, attrs: dict[str, AttributeValue], failure: str
+    ) -> None:
+        duration_attrs = {**attrs, m.ERROR: failure} if failure else attrs
+        self._h["gen_ai.client.operation.duration"].record(record.duration_s, duration_attrs)
+        tokens = self._h["gen_ai.client.token.usage"]
+        if record.usage.input_tokens is not None:
+            tokens.record(record.usage.input_tokens, {**attrs, m.TOKEN_TYPE: "input"})
+        if record.usage.output_tokens is not None:
+            tokens.record(record.usage.output_tokens, {**attrs, m.TOKEN_TYPE: "output"})
+        if failure or not record.streamed or record.shed:
+            return
+        if record.ttfb_s is not None:
+            self._h["gen_ai.client.operation.time_to_first_chunk"].record(record.ttfb_s, attrs)
+        if record.ttft_s is not None:
+            self._h["gen_ai.server.time_to_first_token"].record(record.ttft_s, attrs)
+        gaps = intervals_s(record.delta_ns)
+        per_chunk = self._h["gen_ai.client.operation.time_per_output_chunk"]
+        for gap in gaps:
+            per_chunk.record(gap, attrs)
+        tpot = _time_per_output_token(record)
+        if tpot is not None:
+            self._h["gen_ai.server.time_per_output_token"].record(tpot, attrs)
+
+    def _record_continuity(self, record: StreamRecord, attrs: dict[str, AttributeValue]) -> None:
+        continuity = measure_continuity(record, self._settings.stall_threshold_s)
+        if continuity.index_s is None or continuity.max_gap_s is None:
+            return
+        self._h["semantic_health_stream_continuity_index"].record(continuity.index_s, attrs)
+        self._h["semantic_health_stream_max_gap"].record(continuity.max_gap_s, attrs)
+        if continuity.stalls:
+            self._c["semantic_health_stream_stalls"].add(continuity.stalls, attrs)
+
+    def _record_validity(self, record: StreamRecord, attrs: dict[str, AttributeValue]) -> None:
+        results = validate_record(
+            record, contract=self._contracts.get(record.route), cache=self._schemas
+        )
+        now = self._clock()
+        key = (str(attrs[m.ROUTE]), str(attrs[m.MODEL]), str(attrs[m.PROVIDER]))
+        for result in results:
+            self._c["semantic_health_outputs"].add(1, {**attrs, m.RESULT: result.result})
+            self._count_reasons(result, str(attrs[m.ROUTE]))
+            self.validity.add(key, result.result == "valid", now)
+
+    def _count_reasons(self, result: ValidityResult, route: str) -> None:
+        reasons = self._c["semantic_health_output_failure_reasons"]
+        for reason in result.reasons:
+            reasons.add(1, {m.ROUTE: route, m.RESULT: result.result, m.REASON: reason})
+
+    def validity_rates(self) -> dict[tuple[str, ...], float]:
+        """Current validity rate per (route, model, provider); sets with no outputs are absent."""
+        return self.validity.ratios(self._clock())
+
+
+def _time_per_output_token(record: StreamRecord) -> float | None:
+    """Mean time per token after the first: (last delta - first delta) / (tokens - 1)."""
+    if len(record.delta_ns) < 2:
+        return None
+    tokens = record.usage.output_tokens or len(record.delta_ns)
+    if tokens < 2:
+        return None
+    return (record.delta_ns[-1] - record.delta_ns[0]) / 1e9 / (tokens - 1)

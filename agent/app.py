@@ -160,10 +160,9 @@ class Agent:
         admin_runner, self._admin_runner = self._admin_runner, None
         if admin_runner is not None:
             await step("admin listener", admin_runner.cleanup())
-        try:
-            self.telemetry.shutdown()
-        except Exception as exc:
-            errors.append(exc)
+        # The final OTLP export blocks; keep it off the loop and inside the deadline.
+        remaining = max(deadline - time.monotonic(), 0.1)
+        await step("telemetry", asyncio.to_thread(self.telemetry.shutdown, remaining))
         if errors:
             raise ExceptionGroup("semhealth shutdown had failures", errors)
 

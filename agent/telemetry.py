@@ -240,5 +240,5 @@ class Telemetry:
     def render_prometheus(self) -> bytes:
         return generate_latest(self._registry)
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self.provider.shutdown(timeout_millis=timeout_s * 1000)

@@ -19,11 +19,12 @@ from aiohttp import web
 
 from semhealth.agent.admin import build_admin_app
 from semhealth.agent.config import Address, Config
+from semhealth.agent.contracts import load_contracts
 from semhealth.agent.proxy import Proxy, UpstreamSettings
 from semhealth.agent.recorder import RecorderSettings
 from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
+from semhealth.agent.telemetry import OTLPSettings, Telemetry
 from semhealth.agent.telemetry import Settings as TelemetrySettings
-from semhealth.agent.telemetry import Telemetry
 from semhealth.collectors.record import StreamRecord
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,28 @@ class Settings:
 
 
 def telemetry_settings(config: Config) -> TelemetrySettings:
-    analysis = config.collectors.analysis
+    """The telemetry pipeline as configured; reads route contract files (start-up only)."""
+    telemetry = config.telemetry
+    otlp = telemetry.otlp
     return TelemetrySettings(
-        recorder=RecorderSettings(stall_threshold_s=analysis.stall_threshold_s),
+        service_name=telemetry.service_name,
+        resource_attributes=telemetry.resource_attributes,
+        otlp=None
+        if otlp.endpoint is None
+        else OTLPSettings(
+            endpoint=otlp.endpoint,
+            protocol=otlp.protocol,
+            headers=otlp.headers,
+            interval_s=otlp.interval_s,
+            timeout_s=otlp.timeout_s,
+            insecure=otlp.insecure,
+        ),
+        recorder=RecorderSettings(
+            stall_threshold_s=config.collectors.analysis.stall_threshold_s,
+            validity_window_s=telemetry.validity_window_s,
+            max_label_values=telemetry.max_label_values,
+            contracts=load_contracts(config.collectors.routes),
+        ),
     )
 
 

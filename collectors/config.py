@@ -46,6 +46,7 @@ class Route:
     provider: str = "auto"
     framing: str = "auto"
     extract: Extract = field(default_factory=Extract)
+    contract: str | None = None  # path of a JSON Schema file every structured answer must meet
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

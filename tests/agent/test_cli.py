@@ -28,7 +28,9 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     # A clean environment: a stray SEMHEALTH_* variable must not change what is tested.
-    return {k: v for k, v in os.environ.items() if not k.startswith("SEMHEALTH_")}
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith(("SEMHEALTH_", "OTEL_", "K8S_"))
+    }
 
 
 def test_config_schema_prints_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,6 +17,8 @@ from semhealth.agent import config as agent_config
 from semhealth.agent.config import (
     LOG_FORMATS,
     LOG_LEVELS,
+    OTLP,
+    OTLP_PROTOCOLS,
     TLS,
     Address,
     Config,
@@ -24,6 +26,7 @@ from semhealth.agent.config import (
     ConfigIssue,
     Listen,
     Log,
+    Telemetry,
     Timeouts,
     Upstream,
     check_config_file,
@@ -130,6 +133,35 @@ BAD_FILES = {
         " (fix: write it like chat_completions or rag_answer)",
         "{file}:17:3: log: 'levle' is not a setting (fix: did you mean 'level'?)",
     ],
+    "telemetry_http_endpoint_without_path.yaml": [
+        "{file}:4:5: telemetry.otlp.endpoint: the URL has no path; OTLP/HTTP posts to the URL"
+        " as given (fix: give the full URL, e.g. http://otel-collector:4318/v1/metrics)",
+    ],
+    "telemetry_grpc_endpoint_with_path.yaml": [
+        "{file}:4:5: telemetry.otlp.endpoint: gRPC ignores the URL's path (fix: remove the"
+        " path, or set protocol: http/protobuf if this is an OTLP/HTTP URL)",
+    ],
+    "telemetry_window_too_short.yaml": [
+        "{file}:3:3: telemetry.validity_window_s: must be at least 10, got 5"
+        " (fix: use a number of at least 10)",
+    ],
+    "telemetry_service_name_attribute.yaml": [
+        "{file}:3:3: telemetry.resource_attributes: 'service.name' is set by"
+        " telemetry.service_name, not here (fix: move the value to telemetry.service_name)",
+    ],
+    "telemetry_header_not_string.yaml": [
+        "{file}:5:7: telemetry.otlp.headers.x-tenant: expected a string, got the number 42"
+        " (fix: set it to a string)",
+    ],
+    "telemetry_protocol_http_json.yaml": [
+        "{file}:4:5: telemetry.otlp.protocol: unknown protocol 'http/json'"
+        " (fix: use one of: grpc, http/protobuf)",
+    ],
+    "telemetry_insecure_with_https.yaml": [
+        "{file}:5:5: telemetry.otlp.insecure: insecure is true but the endpoint uses https://,"
+        " which always means TLS (fix: set insecure to null, or use an http:// endpoint for"
+        " plain text)",
+    ],
 }
 
 
@@ -166,6 +198,21 @@ def test_schema_rejection_is_not_judged_again_for_meaning() -> None:
 
 
 # -- the full example -------------------------------------------------------------------------
+
+FULL_TELEMETRY = Telemetry(
+    service_name="llm-gateway",
+    resource_attributes=(("deployment.environment.name", "prod"),),
+    otlp=OTLP(
+        endpoint="http://otel-collector.observability:4318/v1/metrics",
+        protocol="http/protobuf",
+        headers=(("x-scope-orgid", "llm-team"),),
+        interval_s=30,
+        timeout_s=5,
+        insecure=None,
+    ),
+    validity_window_s=600,
+    max_label_values=50,
+)
 
 
 def test_full_example_loads_to_expected_dataclasses() -> None:
@@ -206,6 +253,7 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
             analysis=Analysis(stall_threshold_s=1.5, long_context_tokens=8000),
         ),
         log=Log(level="debug", format="json"),
+        telemetry=FULL_TELEMETRY,
     )
     assert load_config(data_file("full.yaml"), {}, {}) == expected
 
@@ -271,7 +319,7 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
     issues = issues_text(check_config_file(str(path), {}))
     assert issues == [
         f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
-        " here are: upstream, listen, routes, limits, analysis, log)"
+        " here are: upstream, listen, routes, limits, analysis, log, telemetry)"
     ]
 
 
@@ -594,6 +642,8 @@ def test_schema_enums_match_the_code() -> None:
     assert tuple(route["framing"]["enum"]) == FRAMINGS
     assert tuple(log["level"]["enum"]) == LOG_LEVELS
     assert tuple(log["format"]["enum"]) == LOG_FORMATS
+    otlp = schema()["properties"]["telemetry"]["properties"]["otlp"]["properties"]
+    assert tuple(otlp["protocol"]["enum"]) == OTLP_PROTOCOLS
 
 
 def test_schema_defaults_match_default_config() -> None:
@@ -613,10 +663,21 @@ def test_schema_defaults_match_default_config() -> None:
         **{f"limits.{k}": v for k, v in dataclasses.asdict(config.collectors.limits).items()},
         **{f"analysis.{k}": v for k, v in dataclasses.asdict(config.collectors.analysis).items()},
         **{f"log.{k}": v for k, v in dataclasses.asdict(config.log).items()},
+        "telemetry.service_name": config.telemetry.service_name,
+        "telemetry.resource_attributes": dict(config.telemetry.resource_attributes),
+        "telemetry.validity_window_s": config.telemetry.validity_window_s,
+        "telemetry.max_label_values": config.telemetry.max_label_values,
+        **{
+            f"telemetry.otlp.{k}": v
+            for k, v in dataclasses.asdict(config.telemetry.otlp).items()
+            if k != "headers"
+        },
+        "telemetry.otlp.headers": dict(config.telemetry.otlp.headers),
         "routes[].provider": "auto",
         "routes[].framing": "auto",
         "routes[].extract.query": None,
         "routes[].extract.context": [],
+        "routes[].contract": None,
     }
     assert defaults == code
 
@@ -637,6 +698,8 @@ def test_public_names_are_pinned() -> None:
             "ENV_PREFIX",
             "LOG_FORMATS",
             "LOG_LEVELS",
+            "OTLP",
+            "OTLP_PROTOCOLS",
             "TLS",
             "Address",
             "Config",
@@ -644,6 +707,7 @@ def test_public_names_are_pinned() -> None:
             "ConfigIssue",
             "Listen",
             "Log",
+            "Telemetry",
             "Timeouts",
             "Upstream",
             "check_config_file",
@@ -739,3 +803,540 @@ def test_control_character_in_file_is_reported_with_its_position(tmp_path: Path)
         f"{path}:2:9: YAML syntax error: special characters are not allowed (character #x001f)"
         " (fix: remove the control character, or quote it as an escape sequence)"
     ]
+
+
+# -- telemetry: defaults and validate() -------------------------------------------------------
+
+OTLP_HTTP_URL = "http://otel-collector:4318/v1/metrics"
+
+
+def telemetry_of(env: dict[str, str], path: str | None = None) -> Telemetry:
+    return load_config(path, {"SEMHEALTH_UPSTREAM__URL": URL, **env}, {}).telemetry
+
+
+def otlp_of(env: dict[str, str], path: str | None = None) -> OTLP:
+    return telemetry_of(env, path).otlp
+
+
+def test_telemetry_defaults() -> None:
+    assert default_config().telemetry == Telemetry(
+        service_name="semhealth",
+        resource_attributes=(),
+        otlp=OTLP(
+            endpoint=None,
+            protocol="grpc",
+            headers=(),
+            interval_s=15,
+            timeout_s=10,
+            insecure=None,
+        ),
+        validity_window_s=300,
+        max_label_values=100,
+    )
+
+
+def test_no_telemetry_section_and_no_variables_give_the_defaults() -> None:
+    assert telemetry_of({}) == Telemetry()
+
+
+def test_full_example_has_a_telemetry_section() -> None:
+    assert "telemetry" in yaml.safe_load(Path(data_file("full.yaml")).read_text("utf-8"))
+
+
+def test_examples_file_is_the_full_test_file() -> None:
+    example = Path(__file__).parents[2] / "examples" / "semhealth.yaml"
+    assert example.read_text("utf-8") == Path(data_file("full.yaml")).read_text("utf-8")
+
+
+def test_header_names_from_the_file_are_lowered(tmp_path: Path) -> None:
+    path = tmp_path / "headers.yaml"
+    path.write_text("telemetry:\n  otlp:\n    headers: {Api-Key: k, X-Team: search}\n")
+    assert otlp_of({}, str(path)).headers == (("api-key", "k"), ("x-team", "search"))
+
+
+@pytest.mark.parametrize(
+    ("otlp", "message"),
+    [
+        (
+            OTLP(endpoint="http://otel-collector:4318", protocol="http/protobuf"),
+            "endpoint: the URL has no path; OTLP/HTTP posts to the URL as given"
+            " (fix: give the full URL, e.g. http://otel-collector:4318/v1/metrics)",
+        ),
+        (
+            OTLP(endpoint="otel-collector:4317"),
+            "endpoint: the URL has no scheme (fix: write it like http://otel-collector:4317)",
+        ),
+        (
+            OTLP(endpoint="grpc://otel-collector:4317"),
+            "endpoint: scheme 'grpc' is not supported (fix: use an http:// or https:// URL)",
+        ),
+        (
+            OTLP(endpoint=""),
+            "endpoint: the endpoint is empty (fix: set a URL, or null for no OTLP push)",
+        ),
+        (
+            OTLP(endpoint="http://[otel]:4317"),
+            "endpoint: the URL cannot be parsed"
+            " (fix: write an IPv6 host in brackets, e.g. http://[::1]:8000)",
+        ),
+        (
+            OTLP(protocol="http/json"),
+            "protocol: protocol 'http/json' is not supported (fix: use http/protobuf)",
+        ),
+        (
+            OTLP(protocol="thrift"),
+            "protocol: unknown protocol 'thrift' (fix: use one of: grpc, http/protobuf)",
+        ),
+        (
+            OTLP(headers=(("api key", "k"),)),
+            "headers: 'api key' is not a valid header name"
+            " (fix: use letters, digits and -, e.g. api-key)",
+        ),
+        (
+            OTLP(interval_s=0),
+            "interval_s: interval_s must be greater than 0, not 0"
+            " (fix: use a number of seconds above 0)",
+        ),
+        (
+            OTLP(timeout_s=-1),
+            "timeout_s: timeout_s must be greater than 0, not -1"
+            " (fix: use a number of seconds above 0)",
+        ),
+    ],
+)
+def test_otlp_problem_is_named(otlp: OTLP, message: str) -> None:
+    assert issues_text(otlp.validate()) == [message]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "protocol"),
+    [
+        ("http://otel-collector:4317", "grpc"),
+        ("https://otel-collector:4317/", "grpc"),
+        ("http://[::1]:4317", "grpc"),
+        ("http://otel-collector:4318/v1/metrics", "http/protobuf"),
+        ("https://otlp.example.com/", "http/protobuf"),
+    ],
+)
+def test_otlp_endpoint_forms_that_are_accepted(endpoint: str, protocol: str) -> None:
+    assert OTLP(endpoint=endpoint, protocol=protocol).validate() == []
+
+
+def test_otlp_endpoint_issue_never_echoes_the_url() -> None:
+    issues = OTLP(endpoint="http://user:secret@otel-collector:4317").validate()
+    assert issues_text(issues) == [
+        "endpoint: the URL carries credentials (user:password@)"
+        " (fix: remove them; send credentials in telemetry.otlp.headers)"
+    ]
+
+
+def test_header_value_with_line_break_is_reported_without_the_value() -> None:
+    [issue] = OTLP(headers=(("api-key", "secret\r\nx-injected: 1"),)).validate()
+    assert issue.path == "headers.api-key"
+    assert "secret" not in str(issue)
+
+
+def test_insecure_with_http_or_under_http_protobuf_is_accepted() -> None:
+    assert OTLP(endpoint="http://otel-collector:4317", insecure=False).validate() == []
+    assert OTLP(endpoint=OTLP_HTTP_URL, protocol="http/protobuf", insecure=True).validate() == []
+
+
+@pytest.mark.parametrize(
+    ("telemetry", "message"),
+    [
+        (
+            Telemetry(validity_window_s=5),
+            "validity_window_s: validity_window_s must be at least 10, not 5"
+            " (fix: use a window of at least 10 seconds, e.g. 300)",
+        ),
+        (
+            Telemetry(max_label_values=0),
+            "max_label_values: max_label_values must be at least 1, not 0"
+            " (fix: use a whole number of at least 1, e.g. 100)",
+        ),
+        (
+            Telemetry(service_name=""),
+            "service_name: service_name must not be empty (fix: set a name, e.g. semhealth)",
+        ),
+        (
+            Telemetry(resource_attributes=(("", "x"),)),
+            "resource_attributes: a resource attribute has an empty name"
+            " (fix: give it a name, e.g. deployment.environment.name)",
+        ),
+        (
+            Telemetry(otlp=OTLP(interval_s=0)),
+            "otlp.interval_s: interval_s must be greater than 0, not 0"
+            " (fix: use a number of seconds above 0)",
+        ),
+    ],
+)
+def test_telemetry_problem_is_named(telemetry: Telemetry, message: str) -> None:
+    assert issues_text(telemetry.validate()) == [message]
+
+
+def test_config_validate_reports_telemetry_under_its_key() -> None:
+    config = dataclasses.replace(
+        with_url(default_config()), telemetry=Telemetry(max_label_values=0)
+    )
+    assert [issue.path for issue in config.validate()] == ["telemetry.max_label_values"]
+
+
+def test_malformed_upstream_url_is_an_issue_not_a_crash() -> None:
+    assert [issue.message for issue in Upstream(url="http://[::1").validate()] == [
+        "the URL cannot be parsed"
+    ]
+
+
+# -- OTEL_* and K8S_* variables ---------------------------------------------------------------
+
+
+def test_otel_service_name_sets_service_name() -> None:
+    assert telemetry_of({"OTEL_SERVICE_NAME": "gateway"}).service_name == "gateway"
+
+
+def test_otel_resource_attributes_merge_over_the_file() -> None:
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=staging,team=search"}
+    assert telemetry_of(env, data_file("full.yaml")).resource_attributes == (
+        ("deployment.environment.name", "staging"),
+        ("team", "search"),
+    )
+
+
+def test_otel_resource_attribute_values_are_percent_decoded() -> None:
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "note=a%2Cb%3Dc%20d+e, city = M%C3%BCnchen ,,"}
+    assert telemetry_of(env).resource_attributes == (("city", "München"), ("note", "a,b=c d+e"))
+
+
+def test_service_name_in_otel_resource_attributes_sets_service_name() -> None:
+    telemetry = telemetry_of({"OTEL_RESOURCE_ATTRIBUTES": "service.name=gateway,team=search"})
+    assert telemetry.service_name == "gateway"
+    assert telemetry.resource_attributes == (("team", "search"),)
+
+
+def test_otel_service_name_beats_service_name_in_resource_attributes() -> None:
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes", "OTEL_SERVICE_NAME": "own"}
+    assert telemetry_of(env).service_name == "own"
+
+
+def test_downward_api_variables_become_k8s_attributes() -> None:
+    env = {
+        "K8S_POD_NAME": "gateway-7d9f-abcde",
+        "K8S_NAMESPACE_NAME": "llm",
+        "K8S_NODE_NAME": "node-3",
+        "K8S_POD_UID": "0b5e3c1e-4f1a-4c1e-9d7a-1f2e3d4c5b6a",
+    }
+    assert telemetry_of(env).resource_attributes == (
+        ("k8s.namespace.name", "llm"),
+        ("k8s.node.name", "node-3"),
+        ("k8s.pod.name", "gateway-7d9f-abcde"),
+        ("k8s.pod.uid", "0b5e3c1e-4f1a-4c1e-9d7a-1f2e3d4c5b6a"),
+    )
+
+
+def test_otel_resource_attributes_beat_downward_api_variables() -> None:
+    env = {"K8S_POD_NAME": "from-downward-api", "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=own"}
+    assert telemetry_of(env).resource_attributes == (("k8s.pod.name", "own"),)
+
+
+def test_downward_api_variables_keep_the_file_attributes() -> None:
+    attributes = telemetry_of({"K8S_NAMESPACE_NAME": "llm"}, data_file("full.yaml"))
+    assert attributes.resource_attributes == (
+        ("deployment.environment.name", "prod"),
+        ("k8s.namespace.name", "llm"),
+    )
+
+
+def test_otel_endpoint_for_grpc_is_used_as_is() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector:4317"}
+    assert otlp_of(env) == OTLP(endpoint="http://otel-collector:4317")
+
+
+@pytest.mark.parametrize(
+    ("base", "url"),
+    [
+        ("http://otel-collector:4318", OTLP_HTTP_URL),
+        ("http://otel-collector:4318/", OTLP_HTTP_URL),
+        ("https://otlp.example.com/otlp", "https://otlp.example.com/otlp/v1/metrics"),
+        ("https://otlp.example.com/otlp/", "https://otlp.example.com/otlp/v1/metrics"),
+    ],
+)
+def test_generic_otel_endpoint_for_http_protobuf_gets_v1_metrics(base: str, url: str) -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    assert otlp_of(env).endpoint == url
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("https://otlp.example.com/custom/ingest", "https://otlp.example.com/custom/ingest"),
+        ("https://otlp.example.com/v1/metrics/", "https://otlp.example.com/v1/metrics/"),
+        ("http://otel-collector:4318", "http://otel-collector:4318/"),
+    ],
+)
+def test_metrics_otel_endpoint_for_http_protobuf_is_used_as_is(given: str, url: str) -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": given,
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+    }
+    assert otlp_of(env).endpoint == url
+
+
+def test_metrics_otel_endpoint_beats_the_generic_one() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://generic:4317",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://metrics:4317",
+    }
+    assert otlp_of(env).endpoint == "http://metrics:4317"
+
+
+def test_generic_otel_endpoint_follows_the_protocol_from_the_file() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    assert otlp_of(env, data_file("full.yaml")).endpoint == "http://collector:4318/v1/metrics"
+
+
+def test_generic_otel_endpoint_follows_a_protocol_set_by_a_later_layer() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "SEMHEALTH_TELEMETRY__OTLP__PROTOCOL": "http/protobuf",
+    }
+    assert otlp_of(env).endpoint == "http://collector:4318/v1/metrics"
+
+
+def test_endpoint_from_semhealth_variable_is_used_as_is() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://generic:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "SEMHEALTH_TELEMETRY__OTLP__ENDPOINT": "http://own:4318/ingest",
+    }
+    assert otlp_of(env).endpoint == "http://own:4318/ingest"
+
+
+@pytest.mark.parametrize(
+    ("env", "protocol"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "http/protobuf"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": " HTTP/Protobuf "}, "http/protobuf"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc",
+            },
+            "grpc",
+        ),
+    ],
+)
+def test_otel_protocol_sets_protocol(env: dict[str, str], protocol: str) -> None:
+    assert otlp_of(env).protocol == protocol
+
+
+def test_otel_headers_merge_over_the_file_lowered_and_decoded() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Basic%20dXNlcjpwdw%3D%3D, X-Scope-OrgID=ops"
+    }
+    assert otlp_of(env, data_file("full.yaml")).headers == (
+        ("authorization", "Basic dXNlcjpwdw=="),
+        ("x-scope-orgid", "ops"),
+    )
+
+
+def test_metrics_otel_headers_replace_the_generic_ones() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=generic,x-team=search",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "api-key=metrics",
+    }
+    assert otlp_of(env).headers == (("api-key", "metrics"),)
+
+
+@pytest.mark.parametrize(
+    ("env", "timeout_s"),
+    [
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}, 2.5),
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "750"}, 0.75),
+    ],
+)
+def test_otel_timeout_milliseconds_set_timeout_s(env: dict[str, str], timeout_s: float) -> None:
+    assert otlp_of(env).timeout_s == timeout_s
+
+
+def test_otel_metric_export_interval_milliseconds_set_interval_s() -> None:
+    assert otlp_of({"OTEL_METRIC_EXPORT_INTERVAL": "60000"}).interval_s == 60
+
+
+@pytest.mark.parametrize(
+    ("env", "insecure"),
+    [
+        ({"OTEL_EXPORTER_OTLP_INSECURE": "true"}, True),
+        ({"OTEL_EXPORTER_OTLP_INSECURE": "FALSE"}, False),
+        (
+            {"OTEL_EXPORTER_OTLP_INSECURE": "false", "OTEL_EXPORTER_OTLP_METRICS_INSECURE": "True"},
+            True,
+        ),
+    ],
+)
+def test_otel_insecure_sets_insecure(env: dict[str, str], insecure: bool) -> None:
+    assert otlp_of(env).insecure is insecure
+
+
+def test_otel_sdk_disabled_turns_the_push_off() -> None:
+    env = {"OTEL_SDK_DISABLED": "TRUE", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
+    assert otlp_of(env, data_file("full.yaml")).endpoint is None
+
+
+def test_otel_sdk_disabled_false_changes_nothing() -> None:
+    assert otlp_of({"OTEL_SDK_DISABLED": "false"}, data_file("full.yaml")) == FULL_TELEMETRY.otlp
+
+
+def test_empty_otel_variables_count_as_unset() -> None:
+    env = {
+        name: ""
+        for name in (
+            "OTEL_SERVICE_NAME",
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_SDK_DISABLED",
+            "K8S_POD_NAME",
+        )
+    }
+    assert telemetry_of(env, data_file("full.yaml")) == FULL_TELEMETRY
+
+
+def test_unknown_otel_variables_are_not_errors() -> None:
+    env = {
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "not a url",
+        "OTEL_PROPAGATORS": "tracecontext,baggage",
+        "OTEL_BSP_SCHEDULE_DELAY": "soon",
+    }
+    assert check_config_file(data_file("minimal.yaml"), env) == []
+
+
+FILE_OTEL_SEMHEALTH = {
+    "OTEL_SERVICE_NAME": "from-otel",
+    "SEMHEALTH_TELEMETRY__SERVICE_NAME": "from-semhealth",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "flag", "service_name"),
+    [
+        ({}, None, "llm-gateway"),
+        ({"OTEL_SERVICE_NAME": "from-otel"}, None, "from-otel"),
+        (FILE_OTEL_SEMHEALTH, None, "from-semhealth"),
+        (FILE_OTEL_SEMHEALTH, "from-flag", "from-flag"),
+    ],
+)
+def test_precedence_is_file_otel_semhealth_command_line(
+    env: dict[str, str], flag: str | None, service_name: str
+) -> None:
+    config = load_config(data_file("full.yaml"), env, {"telemetry.service_name": flag})
+    assert config.telemetry.service_name == service_name
+
+
+def test_semhealth_variable_beats_otel_for_resource_attributes() -> None:
+    env = {
+        "OTEL_RESOURCE_ATTRIBUTES": "team=search",
+        "SEMHEALTH_TELEMETRY__RESOURCE_ATTRIBUTES": "{team: ranking}",
+    }
+    assert telemetry_of(env).resource_attributes == (("team", "ranking"),)
+
+
+BAD_OTEL = {
+    "OTEL_EXPORTER_OTLP_PROTOCOL=http/json": "$OTEL_EXPORTER_OTLP_PROTOCOL:"
+    " telemetry.otlp.protocol: protocol 'http/json' is not supported (fix: use http/protobuf)",
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=thrift": "$OTEL_EXPORTER_OTLP_METRICS_PROTOCOL:"
+    " telemetry.otlp.protocol: unknown protocol 'thrift' (fix: use one of: grpc, http/protobuf)",
+    "OTEL_EXPORTER_OTLP_TIMEOUT=10s": "$OTEL_EXPORTER_OTLP_TIMEOUT: telemetry.otlp.timeout_s:"
+    " expected a whole number of milliseconds, got '10s'"
+    " (fix: write milliseconds as digits, e.g. 10000)",
+    "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT=0": "$OTEL_EXPORTER_OTLP_METRICS_TIMEOUT:"
+    " telemetry.otlp.timeout_s: 0 (no timeout) is not supported"
+    " (fix: use a number of milliseconds above 0, e.g. 10000)",
+    "OTEL_METRIC_EXPORT_INTERVAL=-1": "$OTEL_METRIC_EXPORT_INTERVAL: telemetry.otlp.interval_s:"
+    " expected a whole number of milliseconds, got '-1'"
+    " (fix: write milliseconds as digits, e.g. 15000)",
+    "OTEL_METRIC_EXPORT_INTERVAL=0": "$OTEL_METRIC_EXPORT_INTERVAL: telemetry.otlp.interval_s:"
+    " the interval must be greater than 0 (fix: use a number of milliseconds above 0, e.g. 15000)",
+    "OTEL_METRIC_EXPORT_INTERVAL=99999999999": "$OTEL_METRIC_EXPORT_INTERVAL:"
+    " telemetry.otlp.interval_s: 99999999999 milliseconds is more than the largest supported,"
+    " 2147483647 (fix: use a smaller number of milliseconds, e.g. 15000)",
+    "OTEL_EXPORTER_OTLP_INSECURE=yes": "$OTEL_EXPORTER_OTLP_INSECURE: telemetry.otlp.insecure:"
+    " expected true or false, got 'yes' (fix: set it to true or false)",
+    "OTEL_SDK_DISABLED=1": "$OTEL_SDK_DISABLED: telemetry.otlp.endpoint:"
+    " expected true or false, got '1' (fix: set it to true or false)",
+    "OTEL_EXPORTER_OTLP_HEADERS=api-key=k,x-team": "$OTEL_EXPORTER_OTLP_HEADERS:"
+    " telemetry.otlp.headers: entry 2 has no '=' (fix: write key=value pairs separated by"
+    " commas, e.g. api-key=KEY,x-team=search)",
+    "OTEL_RESOURCE_ATTRIBUTES==prod": "$OTEL_RESOURCE_ATTRIBUTES: telemetry.resource_attributes:"
+    " entry 1 has an empty key (fix: write key=value pairs separated by commas,"
+    " e.g. deployment.environment.name=prod,team=search)",
+    "OTEL_RESOURCE_ATTRIBUTES=team=50%": "$OTEL_RESOURCE_ATTRIBUTES:"
+    " telemetry.resource_attributes: entry 1 has a value that is not valid percent-encoding"
+    " (fix: write % as %25, and encode only UTF-8 bytes as %XX)",
+    "OTEL_RESOURCE_ATTRIBUTES=city=M%FCnchen": "$OTEL_RESOURCE_ATTRIBUTES:"
+    " telemetry.resource_attributes: entry 1 has a value that is not valid percent-encoding"
+    " (fix: write % as %25, and encode only UTF-8 bytes as %XX)",
+    "OTEL_EXPORTER_OTLP_ENDPOINT=ftp://collector": "$OTEL_EXPORTER_OTLP_ENDPOINT:"
+    " telemetry.otlp.endpoint: scheme 'ftp' is not supported (fix: use an http:// or https:// URL)",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=collector:4317": (
+        "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: telemetry.otlp.endpoint: the URL has no scheme"
+        " (fix: write it like http://otel-collector:4317)"
+    ),
+}
+
+
+@pytest.mark.parametrize("assignment", sorted(BAD_OTEL))
+def test_bad_otel_value_names_the_variable_and_the_fix(assignment: str) -> None:
+    name, _, value = assignment.partition("=")
+    issues = issues_text(check_config_file(data_file("minimal.yaml"), {name: value}))
+    assert issues == [BAD_OTEL[assignment]]
+
+
+def test_bad_header_list_never_shows_a_value() -> None:
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=sec%zzret"}
+    [issue] = check_config_file(data_file("minimal.yaml"), env)
+    assert "sec" not in str(issue)
+
+
+def test_malformed_attribute_list_is_discarded_whole() -> None:
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "team=search,broken", "OTEL_SERVICE_NAME": "gateway"}
+    with pytest.raises(ConfigError) as raised:
+        load_config(data_file("minimal.yaml"), env, {})
+    assert [issue.path for issue in raised.value.issues] == ["telemetry.resource_attributes"]
+
+
+def test_otel_value_beaten_by_a_semhealth_variable_is_still_checked() -> None:
+    # Each layer reports its own mistakes, as a bad $SEMHEALTH_ value beaten by a flag is.
+    env = {"OTEL_EXPORTER_OTLP_TIMEOUT": "soon", "SEMHEALTH_TELEMETRY__OTLP__TIMEOUT_S": "3"}
+    assert [i.source for i in check_config_file(data_file("minimal.yaml"), env)] == [
+        "$OTEL_EXPORTER_OTLP_TIMEOUT"
+    ]
+
+
+OTEL_NAMES = [
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "OTEL_EXPORTER_OTLP_INSECURE",
+    "OTEL_SDK_DISABLED",
+    "K8S_POD_NAME",
+]
+
+
+@settings(max_examples=80)
+@given(
+    values=st.dictionaries(st.sampled_from(OTEL_NAMES), st.text(max_size=40), max_size=4),
+    protocol=st.sampled_from(OTLP_PROTOCOLS),
+)
+def test_any_otel_values_give_config_or_config_error(values: dict[str, str], protocol: str) -> None:
+    env = {"SEMHEALTH_UPSTREAM__URL": URL, "SEMHEALTH_TELEMETRY__OTLP__PROTOCOL": protocol}
+    try:
+        load_config(None, {**env, **values}, {})
+    except ConfigError as exc:
+        assert exc.issues

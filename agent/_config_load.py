@@ -1,0 +1,190 @@
+"""Loading the configuration: layers in order, schema, dataclasses, meaning.
+
+``load`` reads the file (with the mark of every value), applies the ``K8S_*``/``OTEL_*``,
+``SEMHEALTH_*`` and command-line layers, checks the merged document against the schema,
+builds the dataclasses from what the schema accepted (defaults replace rejected values)
+and runs their meaning checks. Each issue gets the origin of its value; a value the
+schema rejected is not judged again for meaning.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+from semhealth.agent._config_checks import route_issues
+from semhealth.agent._config_document import Document, Path, overlaps, parse_path, read_file
+from semhealth.agent._config_env import apply_env, apply_overrides
+from semhealth.agent._config_otel import apply_otel_env, resolve_endpoint
+from semhealth.agent._config_schema import schema_issues
+from semhealth.agent.config import (
+    OTLP,
+    TLS,
+    Address,
+    Config,
+    Listen,
+    Log,
+    Telemetry,
+    Timeouts,
+    Upstream,
+    schema_text,
+)
+from semhealth.agent.errors import ConfigIssue
+from semhealth.collectors import config as collectors_config
+from semhealth.collectors.config import Extract, Route
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_D = TypeVar("_D", bound="DataclassInstance")
+
+
+def load(
+    path: str | None, env: Mapping[str, str], overrides: Mapping[str, object]
+) -> tuple[Config, list[ConfigIssue]]:
+    """The configuration and every issue found, sorted by where they are in the file."""
+    schema: dict[str, Any] = orjson.loads(schema_text())
+    doc = Document() if path is None else read_file(path)
+    # An unreadable file leaves nothing worth judging the meaning of.
+    bad: list[Path] = [()] if doc.issues else []
+    apply_otel_env(doc, env)
+    apply_env(doc, env, schema)
+    apply_overrides(doc, overrides, schema)
+    resolve_endpoint(doc)
+    for where, bad_path, issue in schema_issues(doc.data, schema):
+        doc.issues.append(doc.locate(where, issue))
+        bad.append(bad_path)
+    config, routes = _build(_without(doc.data, bad))
+    for issue in _meaning(config, routes):
+        where = parse_path(issue.path)
+        # A value the schema rejected was replaced by its default; judging that default
+        # would only add noise next to the schema's own issue.
+        if not any(overlaps(where, b) for b in bad):
+            doc.issues.append(doc.locate(where, issue))
+    issues = sorted(doc.issues, key=lambda i: (i.line is None, i.line or 0, i.column or 0))
+    return config, issues
+
+
+def _meaning(config: Config, routes: list[tuple[int, Route]]) -> list[ConfigIssue]:
+    """``Config.validate()``, with routes judged at their index in the file.
+
+    The built config lacks the routes the schema rejected, so its own route indices
+    can be off; everything else comes from ``validate()``, the one list of checks.
+    """
+    without_routes = replace(config, collectors=replace(config.collectors, routes=()))
+    return without_routes.validate() + route_issues(routes)
+
+
+# -- building the dataclasses ---------------------------------------------------------------
+
+
+def _without(data: dict[str, Any], bad: list[Path]) -> dict[str, Any]:
+    """A copy of ``data`` without the values the schema rejected, so defaults take their place.
+
+    A rejected list item becomes None rather than disappearing, so the indices of
+    the items after it still match the file.
+    """
+    clean = copy.deepcopy(data)
+    for path in bad:
+        if not path:
+            return {}
+        parent: Any = clean
+        for part in path[:-1]:
+            parent = _child(parent, part)
+        last = path[-1]
+        if isinstance(parent, dict):
+            parent.pop(last, None)
+        elif isinstance(parent, list) and isinstance(last, int) and last < len(parent):
+            parent[last] = None
+    return clean
+
+
+def _child(container: Any, part: Any) -> Any:
+    if isinstance(container, dict):
+        return container.get(part)
+    if isinstance(container, list) and isinstance(part, int) and part < len(container):
+        return container[part]
+    return None
+
+
+def _section(data: Any, key: str) -> dict[str, Any]:
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _fill(default: _D, data: Mapping[str, Any], **nested: Any) -> _D:
+    """``default`` with the keys of ``data`` that are its fields, and the ``nested`` ones."""
+    names = {f.name for f in fields(default)} - set(nested)
+    return replace(default, **{k: v for k, v in data.items() if k in names}, **nested)
+
+
+def _build(data: dict[str, Any]) -> tuple[Config, list[tuple[int, Route]]]:
+    """The dataclasses from a schema-clean document, with routes paired with their indices."""
+    upstream = _section(data, "upstream")
+    listen = _section(data, "listen")
+    routes = [
+        (index, _build_route(item))
+        for index, item in enumerate(data.get("routes", []))
+        if isinstance(item, dict) and "name" in item and "match" in item
+    ]
+    defaults = collectors_config.default_config()
+    collectors = collectors_config.Config(
+        routes=tuple(route for _, route in routes) if "routes" in data else defaults.routes,
+        limits=_fill(defaults.limits, _section(data, "limits")),
+        analysis=_fill(defaults.analysis, _section(data, "analysis")),
+    )
+    config = Config(
+        upstream=_fill(
+            Upstream(),
+            upstream,
+            tls=_fill(TLS(), _section(upstream, "tls")),
+            timeouts=_fill(Timeouts(), _section(upstream, "timeouts")),
+        ),
+        listen=_fill(Listen(), {}, **_addresses(listen)),
+        collectors=collectors,
+        log=_fill(Log(), _section(data, "log")),
+        telemetry=_build_telemetry(_section(data, "telemetry")),
+    )
+    return config, routes if "routes" in data else []
+
+
+def _addresses(listen: dict[str, Any]) -> dict[str, Address]:
+    # The schema's pattern is Address.parse's, so only a defaulted value is ever skipped here.
+    parsed = {name: Address.parse(text) for name, text in listen.items() if isinstance(text, str)}
+    return {name: address for name, address in parsed.items() if address is not None}
+
+
+def _build_route(item: dict[str, Any]) -> Route:
+    extract = _section(item, "extract")
+    return Route(
+        name=item["name"],
+        match=item["match"],
+        provider=item.get("provider", "auto"),
+        framing=item.get("framing", "auto"),
+        extract=Extract(query=extract.get("query"), context=tuple(extract.get("context", ()))),
+        contract=item.get("contract"),
+    )
+
+
+def _build_telemetry(telemetry: dict[str, Any]) -> Telemetry:
+    otlp = _section(telemetry, "otlp")
+    return _fill(
+        Telemetry(),
+        telemetry,
+        resource_attributes=_pairs(_section(telemetry, "resource_attributes")),
+        otlp=_fill(OTLP(), otlp, headers=_pairs(_section(otlp, "headers"), lower=True)),
+    )
+
+
+def _pairs(mapping: dict[str, Any], *, lower: bool = False) -> tuple[tuple[str, str], ...]:
+    """A string mapping as sorted pairs, so equal settings compare equal whatever their order.
+
+    ``lower`` folds header names, which are case-insensitive, to the lower case gRPC needs;
+    on a clash the later layer's value wins, since layers append to the mapping.
+    """
+    folded = {(str(k).lower() if lower else str(k)): str(v) for k, v in mapping.items()}
+    return tuple(sorted(folded.items()))

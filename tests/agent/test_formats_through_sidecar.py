@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from semhealth.agent.simulator import Script, ScriptRequest
 from tests.agent.conftest import running_stack
+from tests.agent.otlp_receiver import GrpcReceiver
 
 PIECES = ("Paris", " is", " the", " capital", ".")
 
@@ -65,14 +67,17 @@ async def test_format_is_relayed_and_recorded(
 CANARY = "zebra-canary-7f3c1d"
 
 
-async def test_prompt_and_answer_text_never_reach_logs_or_metrics(
+async def test_prompt_and_answer_text_never_reach_logs_metrics_or_exports(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def leaky(_request: ScriptRequest) -> Script:
         return Script(pieces=(CANARY, " answer"), status=200)
 
     caplog.set_level(logging.DEBUG)
-    async with running_stack(leaky) as stack:
+    receiver = GrpcReceiver()
+    await receiver.start()
+    otlp = {"telemetry.otlp.endpoint": receiver.endpoint, "telemetry.otlp.interval_s": 60}
+    async with running_stack(leaky, **otlp) as stack:
         async with aiohttp.ClientSession() as client:
             for path, body in [
                 ("/v1/chat/completions", {"model": "m", "stream": True, "messages": [
@@ -88,6 +93,11 @@ async def test_prompt_and_answer_text_never_reach_logs_or_metrics(
             records = await stack.wait_records(4)
             async with client.get(stack.agent.admin_url + "/metrics") as r:
                 metrics = await r.text()
+        await asyncio.to_thread(stack.agent.telemetry.provider.force_flush)
+    await receiver.shutdown()
+    exported = b"".join(request.SerializeToString() for request in receiver.requests)
     assert any(CANARY in record.output_text for record in records)  # the canary did flow
+    assert exported  # and the exporter did push
     assert CANARY not in caplog.text
     assert CANARY not in metrics
+    assert CANARY.encode() not in exported

@@ -6,6 +6,7 @@ port, a path space or a queue with the application's traffic.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from aiohttp import web
@@ -27,7 +28,8 @@ def build_admin_app(
         return web.Response(status=503, text="not ready\n")
 
     async def metrics(_request: web.Request) -> web.Response:
-        response = web.Response(body=render_metrics())
+        # Collecting every series takes milliseconds; the proxy shares this loop.
+        response = web.Response(body=await asyncio.to_thread(render_metrics))
         response.headers["Content-Type"] = CONTENT_TYPE
         return response
 

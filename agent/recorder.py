@@ -7,6 +7,7 @@ is ever used as a label.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -59,15 +60,19 @@ class RollingRatio:
         self._slot_s = window_s / slots
         self._slots = slots
         self._counts: dict[tuple[str, ...], dict[int, list[int]]] = {}
+        # ratios() runs in the OTLP reader's thread too, while add() runs on the event loop:
+        # without the lock, pruning iterates a dict that add() is growing.
+        self._lock = threading.Lock()
 
     def add(self, key: tuple[str, ...], ok: bool, now: float) -> None:
         slot = int(now / self._slot_s)
-        cells = self._counts.setdefault(key, {})
-        cell = cells.setdefault(slot, [0, 0])
-        cell[0] += ok
-        cell[1] += 1
-        if len(cells) > self._slots:
-            self._prune(cells, slot)
+        with self._lock:
+            cells = self._counts.setdefault(key, {})
+            cell = cells.setdefault(slot, [0, 0])
+            cell[0] += ok
+            cell[1] += 1
+            if len(cells) > self._slots:
+                self._prune(cells, slot)
 
     def _prune(self, cells: dict[int, list[int]], current: int) -> None:
         for old in [s for s in cells if s <= current - self._slots]:
@@ -76,14 +81,15 @@ class RollingRatio:
     def ratios(self, now: float) -> dict[tuple[str, ...], float]:
         current = int(now / self._slot_s)
         out = {}
-        for key, cells in list(self._counts.items()):
-            self._prune(cells, current)
-            ok = sum(c[0] for c in cells.values())
-            total = sum(c[1] for c in cells.values())
-            if total:
-                out[key] = ok / total
-            else:
-                del self._counts[key]
+        with self._lock:
+            for key, cells in list(self._counts.items()):
+                self._prune(cells, current)
+                ok = sum(c[0] for c in cells.values())
+                total = sum(c[1] for c in cells.values())
+                if total:
+                    out[key] = ok / total
+                else:
+                    del self._counts[key]
         return out
 
 

@@ -74,3 +74,29 @@ def test_a_ratelimit_source_that_is_not_a_word_is_not_echoed_into_labels() -> No
 
 def test_success_has_no_error_type() -> None:
     assert error_type(_record()) == ""
+
+
+def test_rolling_ratio_can_be_read_from_another_thread_while_written() -> None:
+    # The OTLP reader collects on its own thread while the loop records outputs.
+    import threading
+
+    ratio = RollingRatio(window_s=60, slots=6)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                ratio.ratios(now=30.0)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(20_000):
+        ratio.add((f"r{i % 50}", "m", "p"), i % 2 == 0, now=30.0)
+    stop.set()
+    reader.join()
+    assert errors == []
+    assert sum(1 for _ in ratio.ratios(now=30.0)) == 50

@@ -18,6 +18,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -40,8 +41,13 @@ class _Seen:
 class DemoSummary:
     """Rolling one-minute view of the records, rendered as a small text table."""
 
-    def __init__(self, stall_threshold_s: float) -> None:
+    def __init__(
+        self,
+        stall_threshold_s: float,
+        validity: Callable[[], dict[tuple[str, ...], tuple[int, int]]] = dict,
+    ) -> None:
         self._stall_threshold_s = stall_threshold_s
+        self.validity = validity  # (route, model, provider) -> (valid, checked), as the gauge
         self._recent: collections.deque[_Seen] = collections.deque()
         self.total = 0
 
@@ -63,11 +69,16 @@ class DemoSummary:
             by_route[(record.route, record.provider)].append(record)
         header = (
             f"{'route':<18}{'provider':<20}{'n':>5}{'ttft p50':>10}{'ttft p95':>10}"
-            f"{'cont p50':>10}{'cont p95':>10}{'stalls':>8}{'errors':>8}{'json':>6}"
+            f"{'cont p50':>10}{'cont p95':>10}{'stalls':>8}{'errors':>8}{'valid':>13}"
         )
         lines.append(header)
+        validity: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
+        for (route, _model, provider), (ok, total) in self.validity().items():
+            validity[(route, provider)][0] += ok
+            validity[(route, provider)][1] += total
         for (route, provider), group in sorted(by_route.items()):
-            lines.append(self._row(route, provider, group))
+            ok, total = validity.get((route, provider), (0, 0))
+            lines.append(self._row(route, provider, group) + _share(ok, total))
         return "\n".join(lines)
 
     def _row(self, route: str, provider: str, group: list[StreamRecord]) -> str:
@@ -76,11 +87,17 @@ class DemoSummary:
         index = sorted(c.index_s for c in continuity if c.index_s is not None)
         stalls = sum(c.stalls for c in continuity)
         errors = sum(1 for r in group if r.error_type or r.upstream_aborted)
-        structured = sum(1 for r in group if r.request.structure)
         return (
             f"{route:<18}{provider:<20}{len(group):>5}{_ms(ttft, 0.5):>10}{_ms(ttft, 0.95):>10}"
-            f"{_ms(index, 0.5):>10}{_ms(index, 0.95):>10}{stalls:>8}{errors:>8}{structured:>6}"
+            f"{_ms(index, 0.5):>10}{_ms(index, 0.95):>10}{stalls:>8}{errors:>8}"
         )
+
+
+def _share(ok: int, total: int) -> str:
+    """Structured outputs that were valid, over the validity window."""
+    if not total:
+        return f"{'-':>13}"
+    return f"{f'{ok}/{total} {ok / total:.0%}':>13}"
 
 
 def _ms(values: list[float], q: float) -> str:
@@ -107,6 +124,7 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     config = load_config(None, os.environ, overrides)
     summary = DemoSummary(config.collectors.analysis.stall_threshold_s)
     agent = Agent(config, Settings(consumers=[summary.consume_record]))
+    summary.validity = agent.telemetry.recorder.validity_counts
     traffic: TrafficGenerator | None = None
     try:
         await agent.start()

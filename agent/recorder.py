@@ -79,6 +79,10 @@ class RollingRatio:
             del cells[old]
 
     def ratios(self, now: float) -> dict[tuple[str, ...], float]:
+        return {key: ok / total for key, (ok, total) in self.counts(now).items()}
+
+    def counts(self, now: float) -> dict[tuple[str, ...], tuple[int, int]]:
+        """(valid, checked) per label set within the window; empty sets are forgotten."""
         current = int(now / self._slot_s)
         out = {}
         with self._lock:
@@ -87,7 +91,7 @@ class RollingRatio:
                 ok = sum(c[0] for c in cells.values())
                 total = sum(c[1] for c in cells.values())
                 if total:
-                    out[key] = ok / total
+                    out[key] = (ok, total)
                 else:
                     del self._counts[key]
         return out
@@ -211,6 +215,10 @@ class Recorder:
     def validity_rates(self) -> dict[tuple[str, ...], float]:
         """Current validity rate per (route, model, provider); sets with no outputs are absent."""
         return self.validity.ratios(self._clock())
+
+    def validity_counts(self) -> dict[tuple[str, ...], tuple[int, int]]:
+        """(valid, checked) per (route, model, provider) within the window."""
+        return self.validity.counts(self._clock())
 
 
 def _time_per_output_token(record: StreamRecord) -> float | None:

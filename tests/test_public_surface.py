@@ -23,6 +23,14 @@ SURFACE = {
         "OpenAIChatAdapter", "OpenAICompletionsAdapter", "OpenAIResponsesAdapter",
         "SniffingAdapter", "TGIAdapter", "detect_provider", "make_adapter",
     },
+    "semhealth.embeddings": {
+        "Backend", "BackendError", "BatcherStats", "Batching", "Cache", "CacheStats",
+        "Calibration", "Closed", "Config", "ConfigIssue", "Embedder", "EmbeddingError", "Encoder",
+        "Local", "LocalBackend", "MicroBatcher", "ModelLoadError", "OpenAICompatibleBackend",
+        "Overloaded", "RelevanceScorer", "RelevanceScores", "RemoteScorerBackend", "TEIBackend",
+        "Vectors", "answer_relevance", "context_relevance", "default_config", "estimate_tokens",
+        "fit_calibration", "load_calibration", "normalize_rows", "resolve_model",
+    },
 }  # fmt: skip
 
 

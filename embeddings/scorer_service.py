@@ -1,0 +1,427 @@
+"""The shared scorer: one process embeds for a fleet of sidecars over gRPC.
+
+``semhealth scorer`` serves ``semhealth.scorer.v1.Scorer`` (``Embed``, ``Info``; the wire
+format is ``_wire``'s, no protoc) and the standard ``grpc.health.v1.Health`` service.
+
+- Every RPC for an encoder goes through that encoder's one ``MicroBatcher``, so texts from
+  concurrent sidecars share backend calls (and the cache).
+- Health is NOT_SERVING until every encoder's model is loaded, then SERVING, and
+  NOT_SERVING again from the start of shutdown.
+- The client's deadline bounds the batcher call: when it passes, or the client cancels,
+  the call is cancelled (texts other callers wait for are kept, the batcher shields them).
+- A full queue answers RESOURCE_EXHAUSTED with the queue's figures in trailing metadata,
+  so clients shed instead of retrying; a retryable backend failure answers UNAVAILABLE,
+  a permanent one INTERNAL. Details carry counts and reasons, never texts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc  # type: ignore[import-untyped]
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+
+from semhealth.embeddings import _wire
+from semhealth.embeddings.backend import Backend, Vectors
+from semhealth.embeddings.batcher import MicroBatcher
+from semhealth.embeddings.config import Batching
+from semhealth.embeddings.errors import (
+    BackendError,
+    Closed,
+    EmbeddingError,
+    ModelLoadError,
+    Overloaded,
+)
+
+DEFAULT_SHUTDOWN_S = 5.0
+_HEALTH_NAMES = ("", _wire.SERVICE)  # the whole server, and the scorer service by name
+
+
+@dataclass(frozen=True, slots=True)
+class ServedEncoder:
+    """An encoder the scorer loads and owns.
+
+    ``load`` builds the backend (a ``LocalBackend`` loads its model: seconds, blocking), so
+    it runs in a thread after the server is up; the scorer closes the backend at shutdown.
+    """
+
+    load: Callable[[], Backend]
+    batching: Batching = field(default_factory=Batching)
+
+
+# A running batcher its owner started and will close, or an encoder for the scorer to load.
+Source = MicroBatcher | ServedEncoder
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerStats:
+    rpcs: int  # Embed calls received
+    texts: int  # texts those calls had embedded
+    overloaded: int  # calls answered RESOURCE_EXHAUSTED
+    expired: int  # calls whose deadline passed or whose client cancelled
+    failed: int  # calls a backend failure answered
+
+
+@dataclass(slots=True)
+class _Counters:
+    rpcs: int = 0
+    texts: int = 0
+    overloaded: int = 0
+    expired: int = 0
+    failed: int = 0
+
+
+@dataclass(slots=True)
+class _Served:
+    source: Source
+    batcher: MicroBatcher | None = None  # set once loaded and started: then RPCs may use it
+    info: _wire.Info | None = None
+    built: MicroBatcher | None = None  # built here from a ServedEncoder, so shut down here
+
+
+@dataclass(slots=True)
+class _State:
+    """What the handlers and the loading task share; they hold this, never the server."""
+
+    encoders: dict[str, _Served]
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # health updates in flight
+    load_error: EmbeddingError | None = None
+    counters: _Counters = field(default_factory=_Counters)
+
+
+class ScorerServer:
+    """A ``grpc.aio`` server for the scorer and health services, on ``host:port``.
+
+    ``encoders`` maps the name clients ask for to its source. ``port`` 0 picks a free port;
+    ``self.port`` is the bound one after ``start``. ``on_task_failure`` hears of a model
+    that failed to load or a batcher worker that died (the agent logs, counts, marks health).
+    """
+
+    def __init__(
+        self,
+        encoders: Mapping[str, Source],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
+        on_task_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        if not encoders:
+            raise ValueError("the scorer needs at least one encoder to serve")
+        self.host = host
+        self.port = port
+        self._max_message_bytes = max_message_bytes
+        self._on_task_failure = on_task_failure
+        self._state = _State({name: _Served(source) for name, source in encoders.items()})
+        self._server: Any = None
+        self._health: Any = None
+        self._load_task: asyncio.Task[None] | None = None
+        self._lifecycle = "new"  # new -> running -> closed
+
+    async def start(self) -> None:
+        """Bind and serve at once (NOT_SERVING), then load the models in the background.
+
+        Raises ``OSError`` when the address cannot be bound, having stopped what it started.
+        """
+        if self._lifecycle == "running":
+            return
+        if self._lifecycle == "closed":
+            raise Closed("this scorer was shut down; build a new one")
+        servicer = health.aio.HealthServicer()
+        await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", self._max_message_bytes),
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                # Two scorers must never share a port silently.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        server.add_generic_rpc_handlers((_scorer_handler(self._state),))
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        self.port = await _bind_and_start(server, self.host, self.port)
+        self._server, self._health = server, servicer
+        self._load_task = asyncio.get_running_loop().create_task(
+            _load_all(self._state, servicer, self._on_task_failure), name="semhealth-scorer-load"
+        )
+        self._lifecycle = "running"
+
+    async def wait_ready(self) -> None:
+        """Return once every encoder is loaded and serving; raise ``ModelLoadError`` if one
+        failed to load (at start-up, so the process can stop with the reason)."""
+        if self._lifecycle != "running":
+            raise Closed("the scorer is not running")
+        await self._state.loaded.wait()
+        if self._state.load_error is not None:
+            raise self._state.load_error
+
+    async def shutdown(self, timeout_s: float = DEFAULT_SHUTDOWN_S) -> None:
+        """Report NOT_SERVING, stop taking RPCs, let running ones finish within ``timeout_s``,
+        then shut down the batchers and backends the scorer built. Safe without ``start``
+        and twice; failures of the parts are raised together at the end."""
+        if self._lifecycle == "closed":
+            return
+        self._lifecycle = "closed"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        tasks = [*self._state.tasks, *([self._load_task] if self._load_task else [])]
+        for task in tasks:
+            # A model still loading in its thread finishes there and is dropped unused.
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(max(0.0, deadline - loop.time()))
+        errors = await _close_owned(self._state, lambda: max(0.0, deadline - loop.time()))
+        self._server = self._health = self._load_task = None
+        if errors:
+            raise ExceptionGroup("the scorer did not shut down cleanly", errors)
+
+    def stats(self) -> ScorerStats:
+        counters = self._state.counters
+        return ScorerStats(
+            rpcs=counters.rpcs,
+            texts=counters.texts,
+            overloaded=counters.overloaded,
+            expired=counters.expired,
+            failed=counters.failed,
+        )
+
+
+async def serve_scorer(
+    encoders: Mapping[str, Source],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
+    on_task_failure: Callable[[BaseException], None] | None = None,
+) -> ScorerServer:
+    """Build and start a scorer; ``await server.wait_ready()`` to wait for the models."""
+    server = ScorerServer(
+        encoders,
+        host=host,
+        port=port,
+        max_message_bytes=max_message_bytes,
+        on_task_failure=on_task_failure,
+    )
+    await server.start()
+    return server
+
+
+# -- start and stop --------------------------------------------------------------------------
+
+
+async def _bind_and_start(server: Any, host: str, port: int) -> int:
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+        if not bound:
+            raise OSError(f"could not bind the scorer to {address}")
+        await server.start()
+    except Exception as exc:
+        await server.stop(None)
+        if isinstance(exc, OSError):
+            raise
+        raise OSError(f"could not bind the scorer to {address}: {exc}") from exc
+    return int(bound)
+
+
+async def _load_all(
+    state: _State, servicer: Any, on_failure: Callable[[BaseException], None] | None
+) -> None:
+    try:
+        report = _worker_failure_reporter(state, servicer, on_failure)
+        for name, served in state.encoders.items():
+            await _load_one(name, served, report)
+    except Exception as exc:
+        state.load_error = _as_load_error(exc)
+        if on_failure is not None:
+            on_failure(exc)
+    else:
+        await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
+    finally:
+        state.loaded.set()
+
+
+def _worker_failure_reporter(
+    state: _State, servicer: Any, on_failure: Callable[[BaseException], None] | None
+) -> Callable[[BaseException], None]:
+    """Hears of a dead worker in a batcher built here: the scorer no longer serves."""
+
+    def report(exc: BaseException) -> None:
+        if on_failure is not None:
+            on_failure(exc)
+        # Called from a task's done-callback, on the loop; the health update is async, and
+        # the state keeps its task so it is not collected half-way.
+        task = asyncio.get_running_loop().create_task(
+            _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
+        state.tasks.add(task)
+        task.add_done_callback(state.tasks.discard)
+
+    return report
+
+
+async def _set_health(servicer: Any, status: Any) -> None:
+    for name in _HEALTH_NAMES:
+        await servicer.set(name, status)
+
+
+async def _load_one(
+    name: str, served: _Served, on_failure: Callable[[BaseException], None] | None
+) -> None:
+    source = served.source
+    if isinstance(source, MicroBatcher):
+        batcher = source
+    else:
+        backend = await asyncio.to_thread(source.load)
+        try:
+            batcher = MicroBatcher(backend, source.batching, on_task_failure=on_failure)
+        except ValueError:
+            await backend.aclose()
+            raise
+        served.built = batcher
+        await batcher.start()
+    backend = batcher.backend
+    device = getattr(backend, "device", None)
+    served.info = _wire.Info(
+        name, backend.name, backend.dim, device if isinstance(device, str) else "unknown"
+    )
+    served.batcher = batcher
+
+
+def _as_load_error(exc: Exception) -> EmbeddingError:
+    if isinstance(exc, EmbeddingError):
+        return exc
+    error = ModelLoadError(f"an encoder failed to load: {type(exc).__name__}")
+    error.__cause__ = exc
+    return error
+
+
+async def _close_owned(state: _State, remaining: Callable[[], float]) -> list[Exception]:
+    errors: list[Exception] = []
+    for served in state.encoders.values():
+        batcher = served.built
+        if batcher is None:
+            continue
+        try:
+            await batcher.shutdown(remaining())
+            await batcher.backend.aclose()
+        except Exception as exc:
+            errors.append(exc)
+    return errors
+
+
+# -- the RPCs --------------------------------------------------------------------------------
+
+
+def _scorer_handler(state: _State) -> Any:
+    async def embed(request: _wire.EmbedRequest | _wire.Malformed, context: Any) -> Vectors:
+        return await _embed(state, request, context)
+
+    async def info(request: _wire.InfoRequest | _wire.Malformed, context: Any) -> _wire.Info:
+        return await _info(state, request, context)
+
+    return grpc.method_handlers_generic_handler(
+        _wire.SERVICE,
+        {
+            _wire.EMBED: grpc.unary_unary_rpc_method_handler(
+                embed,
+                request_deserializer=_wire.decode_embed_request,
+                response_serializer=_wire.encode_vectors,
+            ),
+            _wire.INFO: grpc.unary_unary_rpc_method_handler(
+                info,
+                request_deserializer=_wire.decode_info_request,
+                response_serializer=_wire.encode_info,
+            ),
+        },
+    )
+
+
+async def _embed(
+    state: _State, request: _wire.EmbedRequest | _wire.Malformed, context: Any
+) -> Vectors:
+    counters = state.counters
+    counters.rpcs += 1
+    if isinstance(request, _wire.Malformed):
+        await _abort_malformed(context, "Embed", request)
+    batcher = (await _served(state, request.encoder, context)).batcher
+    assert batcher is not None  # _served aborts unless loaded
+    count = len(request.texts)
+    try:
+        # None when the client set no deadline: then only its cancelling ends the wait.
+        async with asyncio.timeout(context.time_remaining()):
+            vectors = await batcher.embed(request.texts)
+    except TimeoutError:
+        counters.expired += 1
+        await _abort(
+            context, grpc.StatusCode.DEADLINE_EXCEEDED, f"the deadline passed before {count} texts"
+        )
+    except asyncio.CancelledError:
+        counters.expired += 1
+        raise
+    except Overloaded as exc:
+        counters.overloaded += 1
+        figures = _wire.encode_overload(exc.requested, exc.free, exc.queue_size)
+        await _abort(
+            context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), (_wire.OVERLOADED_KEY, figures)
+        )
+    except Closed:
+        await _abort(context, grpc.StatusCode.UNAVAILABLE, "the scorer is shutting down")
+    except BackendError as exc:
+        counters.failed += 1
+        code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.INTERNAL
+        await _abort(context, code, str(exc))
+    except EmbeddingError as exc:
+        counters.failed += 1
+        await _abort(context, grpc.StatusCode.INTERNAL, str(exc))
+    counters.texts += count
+    return vectors
+
+
+async def _info(
+    state: _State, request: _wire.InfoRequest | _wire.Malformed, context: Any
+) -> _wire.Info:
+    if isinstance(request, _wire.Malformed):
+        await _abort_malformed(context, "Info", request)
+    info = (await _served(state, request.encoder, context)).info
+    assert info is not None  # _served aborts unless loaded
+    return info
+
+
+async def _served(state: _State, encoder: str, context: Any) -> _Served:
+    """The loaded encoder a request names; aborts the RPC when there is none to use."""
+    served = state.encoders.get(encoder)
+    if served is None:
+        names = ", ".join(sorted(state.encoders))
+        # The requested name is not echoed: it came from a client.
+        await _abort(
+            context, grpc.StatusCode.NOT_FOUND, f"no such encoder here; this scorer serves: {names}"
+        )
+    if state.load_error is not None:
+        await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(state.load_error))
+    if served.batcher is None:
+        await _abort(context, grpc.StatusCode.UNAVAILABLE, "the encoder's model is still loading")
+    return served
+
+
+async def _abort_malformed(context: Any, method: str, malformed: _wire.Malformed) -> NoReturn:
+    await _abort(
+        context,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"malformed {method} request of {malformed.size} bytes: {malformed.reason}",
+    )
+
+
+async def _abort(
+    context: Any, code: Any, details: str, metadata: tuple[str, str] | None = None
+) -> NoReturn:
+    """End the RPC with ``code``; grpc's ``abort`` raises, which the type checker cannot see."""
+    await context.abort(code, details, (metadata,) if metadata else ())
+    raise AssertionError("grpc's abort returned")  # pragma: no cover

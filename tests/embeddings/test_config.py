@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import pytest
+
+from semhealth.embeddings.config import (
+    Batching,
+    Config,
+    Encoder,
+    Local,
+    default_config,
+)
+
+
+def test_the_default_config_is_valid() -> None:
+    assert default_config().validate() == []
+
+
+def test_the_default_config_has_one_local_encoder_on_auto() -> None:
+    config = default_config()
+    assert [encoder.name for encoder in config.encoders] == [config.encoder]
+    assert config.encoders[0].local.device == "auto"
+
+
+@pytest.mark.parametrize(
+    ("config", "path", "message"),
+    [
+        (
+            Config(encoders=(Encoder(batching=Batching(queue_size=0, max_batch=1)),)),
+            "encoders[0].batching.queue_size",
+            "queue_size must be at least 1, not 0",
+        ),
+        (
+            Config(encoders=(Encoder(batching=Batching(queue_size=8, max_batch=16)),)),
+            "encoders[0].batching.max_batch",
+            "max_batch 16 is larger than queue_size 8",
+        ),
+        (
+            Config(encoders=(Encoder(batching=Batching(max_batch_tokens=0)),)),
+            "encoders[0].batching.max_batch_tokens",
+            "max_batch_tokens must be at least 1, not 0",
+        ),
+        (
+            Config(encoders=(Encoder(batching=Batching(flush_timeout_s=-0.001)),)),
+            "encoders[0].batching.flush_timeout_s",
+            "flush_timeout_s must be between 0 and 1, not -0.001",
+        ),
+        (
+            Config(encoders=(Encoder(batching=Batching(workers=0)),)),
+            "encoders[0].batching.workers",
+            "workers must be at least 1, not 0",
+        ),
+        (
+            Config(encoders=(Encoder(local=Local(device="gpu")),)),
+            "encoders[0].local.device",
+            "unknown device 'gpu'",
+        ),
+        (
+            Config(encoders=(Encoder(local=Local(threads=0)),)),
+            "encoders[0].local.threads",
+            "threads must be at least 1, not 0",
+        ),
+        (
+            Config(encoders=(Encoder(local=Local(model=" ")),)),
+            "encoders[0].local.model",
+            "model is empty",
+        ),
+        (
+            Config(encoders=(Encoder(backend="onnx"),)),
+            "encoders[0].backend",
+            "unknown backend 'onnx'",
+        ),
+        (
+            Config(encoder="zh", encoders=(Encoder(name="zh-cn"),)),
+            "encoders[0].name",
+            "encoder name 'zh-cn' is not a name",
+        ),
+        (
+            Config(encoders=(Encoder(), Encoder())),
+            "encoders[1].name",
+            "encoder name 'default' is used twice",
+        ),
+        (
+            Config(encoder="multilingual"),
+            "encoder",
+            "encoder 'multilingual' is not among the encoders",
+        ),
+        (Config(cache_entries=-1), "cache_entries", "cache_entries must be at least 0, not -1"),
+        (Config(top_k=0), "top_k", "top_k must be at least 1, not 0"),
+    ],
+)
+def test_each_bad_setting_is_named_with_its_path(config: Config, path: str, message: str) -> None:
+    issues = config.validate()
+    assert (path, message) in [(issue.path, issue.message) for issue in issues]
+
+
+def test_every_issue_is_reported_at_once() -> None:
+    config = Config(top_k=0, cache_entries=-1, encoders=(Encoder(local=Local(device="tpu")),))
+    assert len(config.validate()) == 3
+
+
+def test_an_issue_reads_as_path_message_and_fix() -> None:
+    (issue,) = Config(top_k=0).validate()
+    assert str(issue) == "top_k: top_k must be at least 1, not 0 (fix: use 1 or more)"
+
+
+def test_two_encoders_with_their_own_names_are_valid() -> None:
+    config = Config(
+        encoder="en",
+        encoders=(
+            Encoder(name="en"),
+            Encoder(name="zh", local=Local(model="/models/multilingual"), batching=Batching()),
+        ),
+    )
+    assert config.validate() == []

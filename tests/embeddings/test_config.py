@@ -15,9 +15,14 @@ def test_the_default_config_is_valid() -> None:
     assert default_config().validate() == []
 
 
-def test_the_default_config_has_one_local_encoder_on_auto() -> None:
+def test_the_default_config_has_minilm_on_auto_and_routes_cjk_to_use() -> None:
     config = default_config()
-    assert [encoder.name for encoder in config.encoders] == [config.encoder]
+    assert [(encoder.name, encoder.backend) for encoder in config.encoders] == [
+        ("default", "local"),
+        ("multilingual", "use"),
+    ]
+    assert config.encoder == "default"
+    assert config.route_cjk_to == "multilingual"
     assert config.encoders[0].local.device == "auto"
 
 
@@ -80,9 +85,9 @@ def test_the_default_config_has_one_local_encoder_on_auto() -> None:
             "encoder name 'default' is used twice",
         ),
         (
-            Config(encoder="multilingual"),
+            Config(encoder="zh"),
             "encoder",
-            "encoder 'multilingual' is not among the encoders",
+            "encoder 'zh' is not among the encoders",
         ),
         (Config(cache_entries=-1), "cache_entries", "cache_entries must be at least 0, not -1"),
         (Config(top_k=0), "top_k", "top_k must be at least 1, not 0"),
@@ -94,8 +99,13 @@ def test_each_bad_setting_is_named_with_its_path(config: Config, path: str, mess
 
 
 def test_every_issue_is_reported_at_once() -> None:
-    config = Config(top_k=0, cache_entries=-1, encoders=(Encoder(local=Local(device="tpu")),))
-    assert len(config.validate()) == 3
+    config = Config(
+        top_k=0,
+        cache_entries=-1,
+        encoders=(Encoder(local=Local(device="tpu")),),
+        route_cjk_to="zh",
+    )
+    assert len(config.validate()) == 4
 
 
 def test_an_issue_reads_as_path_message_and_fix() -> None:
@@ -106,6 +116,7 @@ def test_an_issue_reads_as_path_message_and_fix() -> None:
 def test_two_encoders_with_their_own_names_are_valid() -> None:
     config = Config(
         encoder="en",
+        route_cjk_to="zh",
         encoders=(
             Encoder(name="en"),
             Encoder(name="zh", local=Local(model="/models/multilingual"), batching=Batching()),

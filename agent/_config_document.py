@@ -234,14 +234,17 @@ def _record_marks(node: yaml.Node, path: Path, source: str, origins: dict[Path, 
 
 
 def _resolve_files(data: dict[str, Any], base: str) -> None:
-    """Relative file paths (TLS files, route contracts) are read from the file's folder, like
-    Prometheus."""
+    """Relative file paths (TLS files, route contracts, the relevance calibration) are read
+    from the file's folder, like Prometheus."""
     upstream = data.get("upstream")
     tls = upstream.get("tls") if isinstance(upstream, dict) else None
     files = [(tls, name) for name in TLS_FILES] if isinstance(tls, dict) else []
     routes = data.get("routes")
     if isinstance(routes, list):
         files += [(route, "contract") for route in routes if isinstance(route, dict)]
+    relevance = data.get("relevance")
+    if isinstance(relevance, dict):
+        files.append((relevance, "calibration"))
     for holder, name in files:
         value = holder.get(name)
         if isinstance(value, str) and value and not os.path.isabs(value):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -28,6 +28,7 @@ from semhealth.agent.config import (
     Config,
     Listen,
     Log,
+    Relevance,
     Telemetry,
     Timeouts,
     Upstream,
@@ -36,6 +37,7 @@ from semhealth.agent.config import (
 from semhealth.agent.errors import ConfigIssue
 from semhealth.collectors import config as collectors_config
 from semhealth.collectors.config import Extract, Route
+from semhealth.embeddings import config as embeddings_config
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -148,6 +150,7 @@ def _build(data: dict[str, Any]) -> tuple[Config, list[tuple[int, Route]]]:
         collectors=collectors,
         log=_fill(Log(), _section(data, "log")),
         telemetry=_build_telemetry(_section(data, "telemetry")),
+        relevance=_build_relevance(_section(data, "relevance")),
     )
     return config, routes if "routes" in data else []
 
@@ -178,6 +181,38 @@ def _build_telemetry(telemetry: dict[str, Any]) -> Telemetry:
         resource_attributes=_pairs(_section(telemetry, "resource_attributes")),
         otlp=_fill(OTLP(), otlp, headers=_pairs(_section(otlp, "headers"), lower=True)),
     )
+
+
+def _build_relevance(relevance: dict[str, Any]) -> Relevance:
+    defaults = embeddings_config.default_config()
+    encoders = relevance.get("encoders")
+    embeddings = _fill(
+        defaults,
+        relevance,
+        encoders=defaults.encoders
+        if not isinstance(encoders, list)
+        # A rejected item is None here (see _without); it is left out, its issue already said.
+        else tuple(_build_encoder(item) for item in encoders if isinstance(item, dict)),
+    )
+    return _fill(Relevance(), relevance, embeddings=embeddings)
+
+
+def _build_encoder(item: dict[str, Any]) -> embeddings_config.Encoder:
+    return _nested(embeddings_config.Encoder(), item)
+
+
+def _nested(default: _D, data: Mapping[str, Any]) -> _D:
+    """``_fill`` for a dataclass whose sections are dataclasses, each from its own key.
+
+    Encoders have one section per backend kind (``local``, ``use`` ...); building them from
+    the dataclass' own fields keeps this in step as backends are added.
+    """
+    sections = {
+        f.name: _nested(getattr(default, f.name), _section(data, f.name))
+        for f in fields(default)
+        if is_dataclass(getattr(default, f.name))
+    }
+    return _fill(default, data, **sections)
 
 
 def _pairs(mapping: dict[str, Any], *, lower: bool = False) -> tuple[tuple[str, str], ...]:

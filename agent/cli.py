@@ -1,18 +1,40 @@
-"""``semhealth`` command line: run, demo, config check, config schema."""
+"""``semhealth`` command line: run, demo, score, calibrate, scorer, config check, config schema.
+
+``score``, ``calibrate`` and ``scorer`` read only the ``relevance:`` section of the
+configuration and build the same scorer as the sidecar. They import the embedding
+backends when they run, so ``run`` with scoring off never loads torch.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from functools import partial
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
-from semhealth.agent.config import ConfigError, check_config_file, load_config, schema_text
+from semhealth.agent.config import (
+    Address,
+    ConfigError,
+    Relevance,
+    check_config_file,
+    load_config,
+    load_relevance,
+    schema_text,
+)
+from semhealth.agent.errors import ConfigIssue, SemhealthError
+from semhealth.embeddings.errors import EmbeddingError
+
+if TYPE_CHECKING:
+    from semhealth.embeddings.backend import Backend
+    from semhealth.embeddings.config import Encoder
 
 log = logging.getLogger("semhealth")
 
@@ -51,6 +73,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=16, help="most requests in flight at once (default 16)"
     )
     demo.add_argument("--seed", type=int, default=None, help="random seed for repeatable traffic")
+
+    score = commands.add_parser(
+        "score",
+        help="add context_relevance_score and answer_relevance_score to JSONL records",
+        description='Read records {"query": str, "context": [str, ...], "answer": str} '
+        "and write each with its two scores added, scored as the sidecar scores traffic.",
+    )
+    score.add_argument("file", nargs="?", default="-", metavar="FILE", help="JSONL, - for stdin")
+    score.add_argument("-o", "--output", default="-", metavar="OUT", help="JSONL, - for stdout")
+    score.add_argument("--config", metavar="FILE", help="YAML configuration (relevance:)")
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="fit an encoder's calibration on labelled JSONL records",
+        description='Read records {"query": str, "context": [str, ...], "label": 0|1} '
+        "and write the calibration file that relevance.calibration can point at.",
+    )
+    calibrate.add_argument("file", metavar="FILE", help="labelled JSONL")
+    calibrate.add_argument("-o", "--output", required=True, metavar="OUT.json")
+    calibrate.add_argument("--config", metavar="FILE", help="YAML configuration (relevance:)")
+    calibrate.add_argument(
+        "--encoder", metavar="NAME", help="encoder to calibrate (default: relevance.encoder)"
+    )
+
+    scorer = commands.add_parser(
+        "scorer", help="serve the configured encoders to many sidecars over gRPC"
+    )
+    scorer.add_argument("--listen", required=True, metavar="HOST:PORT", help="gRPC address")
+    scorer.add_argument("--config", metavar="FILE", help="YAML configuration (relevance:)")
 
     config = commands.add_parser("config", help="check or describe the configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -117,6 +168,149 @@ async def _demo(args: argparse.Namespace) -> int:
     return await run_demo(args)
 
 
+# -- score, calibrate, scorer ------------------------------------------------------------------
+
+
+async def _score(args: argparse.Namespace) -> int:
+    from semhealth.embeddings.scoring import open_scorer, score_jsonl
+
+    relevance = load_relevance(args.config, os.environ)
+    _setup_logging("warning")
+    counted = sys.stderr.isatty() and args.file != "-"
+    total = await asyncio.to_thread(_count_records, args.file) if counted else None
+    with _input(args.file) as lines, _output(args.output) as out:
+        async with open_scorer(
+            relevance.embeddings, calibration_path=relevance.calibration
+        ) as scorer:
+            summary = await score_jsonl(lines, out, scorer, progress=True, total=total)
+    print(
+        f"semhealth score: {summary.written} of {summary.records} records scored, "
+        f"{summary.errors} skipped",
+        file=sys.stderr,
+    )
+    return 0 if summary.errors == 0 else 1
+
+
+async def _calibrate(args: argparse.Namespace) -> int:
+    from semhealth.embeddings.calibration import identity_calibration
+    from semhealth.embeddings.scoring import calibrate_from_jsonl, open_scorer
+
+    relevance = load_relevance(args.config, os.environ)
+    _setup_logging("warning")
+    encoder = _encoder(relevance, args.encoder)
+    # Only the calibrated encoder, unrouted: its raw cosine is what is fitted.
+    embeddings = dataclasses.replace(relevance.embeddings, encoder=encoder.name, route_cjk_to=None)
+    async with open_scorer(embeddings, calibration=identity_calibration(encoder.model)) as scorer:
+        with _input(args.file) as lines:
+            calibration = await calibrate_from_jsonl(
+                lines, scorer, encoder.model, fitted_on=Path(args.file).name
+            )
+    await asyncio.to_thread(Path(args.output).write_text, calibration.to_json(), "utf-8")
+    print(
+        f"semhealth calibrate: wrote {args.output} for encoder '{encoder.name}' "
+        f"({encoder.model}), fitted on {calibration.n_fit} records; use it with "
+        f"relevance.calibration: {args.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _scorer(args: argparse.Namespace) -> int:
+    from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
+
+    relevance = load_relevance(args.config, os.environ)
+    address = Address.parse(args.listen)
+    if address is None:
+        print(f"semhealth scorer: --listen {args.listen!r} is not HOST:PORT", file=sys.stderr)
+        return 2
+    _setup_logging("info")
+    encoders = {
+        encoder.name: ServedEncoder(load=backend_loader(encoder), batching=encoder.batching)
+        for encoder in relevance.embeddings.encoders
+    }
+    server = await serve_scorer(
+        encoders, address.host, address.port, on_task_failure=_log_task_failure
+    )
+    try:
+        await server.wait_ready()
+        log.info(
+            "semhealth scorer serving %s on %s",
+            ", ".join(encoders),
+            Address(host=address.host, port=server.port),
+        )
+        await _serve_until_signal(None)
+    finally:
+        await server.shutdown()
+    return 0
+
+
+def backend_loader(encoder: Encoder) -> Callable[[], Backend]:
+    """What builds ``encoder``'s backend (blocking: the scorer calls it in a thread)."""
+    if encoder.backend == "local":
+        from semhealth.embeddings.local import LocalBackend
+
+        local = encoder.local
+        return partial(
+            LocalBackend, local.model, device=local.device, threads=local.threads, fp16=local.fp16
+        )
+    if encoder.backend == "use":
+        from semhealth.embeddings.use import UseBackend
+
+        return partial(UseBackend, encoder.use.threads)
+    raise ValueError(f"encoder '{encoder.name}' has backend '{encoder.backend}', not a model")
+
+
+def _log_task_failure(exc: BaseException) -> None:
+    log.error("scorer task failed: %s", exc)
+
+
+def _encoder(relevance: Relevance, name: str | None) -> Encoder:
+    wanted = name or relevance.embeddings.encoder
+    for encoder in relevance.embeddings.encoders:
+        if encoder.name == wanted:
+            return encoder
+    names = ", ".join(encoder.name for encoder in relevance.embeddings.encoders)
+    raise ConfigError(
+        [
+            ConfigIssue(
+                "relevance.encoders",
+                f"encoder '{wanted}' is not among the encoders",
+                f"name one of: {names}",
+            )
+        ]
+    )
+
+
+def _count_records(path: str) -> int | None:
+    """Non-blank lines of ``path``, so the progress bar has an end; None if unreadable."""
+    try:
+        with open(path, "rb") as lines:
+            return sum(1 for line in lines if line.strip())
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _input(path: str) -> Iterator[Any]:
+    if path == "-":
+        yield sys.stdin
+        return
+    with open(path, "rb") as lines:
+        yield lines
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[IO[str]]:
+    if path == "-":
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8") as out:
+        yield out
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
 def _config_check(path: str) -> int:
     issues = check_config_file(path, os.environ)
     if not issues:
@@ -144,12 +338,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.write(schema_text())
                 return 0
             return _config_check(args.file)
-        if args.command == "run":
-            return _run_async(_run(args))
-        return _run_async(_demo(args))
+        commands = {
+            "run": _run,
+            "demo": _demo,
+            "score": _score,
+            "calibrate": _calibrate,
+            "scorer": _scorer,
+        }
+        return _run_async(commands[args.command](args))
     except ConfigError as exc:
         print(f"semhealth: configuration is not valid:\n{exc}", file=sys.stderr)
         return 2
+    except (SemhealthError, EmbeddingError, OSError) as exc:
+        # Start-up failures: a model that does not load, a file that cannot be read.
+        print(f"semhealth {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

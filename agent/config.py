@@ -21,10 +21,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Literal
 
 from semhealth.agent import _config_checks as checks
 from semhealth.agent.errors import ConfigError, ConfigIssue
 from semhealth.collectors import config as collectors_config
+from semhealth.embeddings import config as embeddings_config
 
 __all__ = [
     "ENV_PREFIX",
@@ -32,6 +34,7 @@ __all__ = [
     "LOG_LEVELS",
     "OTLP",
     "OTLP_PROTOCOLS",
+    "RELEVANCE_ENABLED",
     "TLS",
     "Address",
     "Config",
@@ -39,12 +42,14 @@ __all__ = [
     "ConfigIssue",
     "Listen",
     "Log",
+    "Relevance",
     "Telemetry",
     "Timeouts",
     "Upstream",
     "check_config_file",
     "default_config",
     "load_config",
+    "load_relevance",
     "schema_text",
     "validate_collectors",
 ]
@@ -53,6 +58,7 @@ ENV_PREFIX = "SEMHEALTH_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+RELEVANCE_ENABLED = ("auto", True, False)
 _MIN_VALIDITY_WINDOW_S = 10  # shorter windows hold too few outputs for a stable rate
 
 # Same shape as $defs/address in the schema; the schema rejects the rest before parsing.
@@ -287,12 +293,61 @@ class Telemetry:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Relevance:
+    """Relevance scoring of live traffic: when it runs, how much of it, and with what.
+
+    ``embeddings`` holds what the YAML writes flat under ``relevance:`` (``encoder``,
+    ``encoders``, ``cache_entries``, ``top_k``); the rest is the agent's side of it.
+    """
+
+    enabled: bool | Literal["auto"] = "auto"  # auto: on when the encoder can be built
+    sample_rate: float = 1.0  # share of eligible streams scored
+    max_in_flight: int = 256  # streams scored at once; past this, shed and counted
+    calibration: str | None = None  # a `semhealth calibrate` file; None: the shipped one
+    embeddings: embeddings_config.Config = field(default_factory=embeddings_config.default_config)
+
+    def validate(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        if self.enabled != "auto" and not isinstance(self.enabled, bool):
+            issues.append(
+                ConfigIssue(
+                    "enabled",
+                    f"unknown enabled {checks.show(self.enabled)}",
+                    "use auto, true or false",
+                )
+            )
+        if not 0.0 <= self.sample_rate <= 1.0:
+            issues.append(
+                ConfigIssue(
+                    "sample_rate",
+                    f"sample_rate must be between 0 and 1, not {self.sample_rate:g}",
+                    "use the share of streams to score, e.g. 0.1 for one in ten (1 scores all)",
+                )
+            )
+        if self.max_in_flight < 1:
+            issues.append(
+                ConfigIssue(
+                    "max_in_flight",
+                    f"max_in_flight must be at least 1, not {self.max_in_flight}",
+                    "use a whole number of at least 1, e.g. 256",
+                )
+            )
+        issues += checks.file_issues("calibration", self.calibration)
+        # The embeddings keys sit flat under relevance:, so their paths need no prefix here.
+        return issues + [
+            ConfigIssue(issue.path, issue.message, issue.fix)
+            for issue in self.embeddings.validate()
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     upstream: Upstream = field(default_factory=Upstream)
     listen: Listen = field(default_factory=Listen)
     collectors: collectors_config.Config = field(default_factory=collectors_config.default_config)
     log: Log = field(default_factory=Log)
     telemetry: Telemetry = field(default_factory=Telemetry)
+    relevance: Relevance = field(default_factory=Relevance)
 
     def validate(self) -> list[ConfigIssue]:
         return (
@@ -301,6 +356,7 @@ class Config:
             + validate_collectors(self.collectors)
             + checks.under("log", self.log.validate())
             + checks.under("telemetry", self.telemetry.validate())
+            + checks.under("relevance", self.relevance.validate())
         )
 
 
@@ -337,6 +393,19 @@ def load_config(
     if issues:
         raise ConfigError(issues)
     return config
+
+
+def load_relevance(path: str | None, env: Mapping[str, str]) -> Relevance:
+    """The ``relevance:`` section alone, for the commands that only score (``semhealth
+    score``, ``calibrate``, ``scorer``); raise ``ConfigError`` for its issues and the file's.
+
+    The rest of the file is not theirs to judge: ``upstream.url`` need not be set.
+    """
+    config, issues = _load(path, env, {})
+    own = [issue for issue in issues if issue.path.split(".")[0] in ("", "relevance")]
+    if own:
+        raise ConfigError(own)
+    return config.relevance
 
 
 def check_config_file(path: str, env: Mapping[str, str]) -> list[ConfigIssue]:

@@ -33,7 +33,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from semhealth.agent import metrics as m
 from semhealth.agent.recorder import Recorder, RecorderSettings
+from semhealth.agent.relevance import RelevanceStats
 from semhealth.agent.tap import TapStats
+from semhealth.embeddings.cache import CacheStats
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,8 @@ class Telemetry:
         *,
         tap_stats: TapStats,
         active_streams: Callable[[], int],
+        relevance_stats: Callable[[], RelevanceStats | None] = lambda: None,
+        cache_stats: Callable[[], CacheStats | None] = lambda: None,
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
@@ -174,6 +178,7 @@ class Telemetry:
         self.instruments = m.Instruments(meter)
         self.recorder = Recorder(self.instruments, settings.recorder)
         self._observe_agent(meter, tap_stats, active_streams)
+        self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats)
 
     def _observe_agent(
         self, meter: Any, stats: TapStats, active_streams: Callable[[], int]
@@ -224,14 +229,54 @@ class Telemetry:
         for name, (read, description) in counters.items():
             meter.create_observable_counter(name, [_observe(read)], description=description)
         meter.create_observable_counter(
-            "semhealth_dropped",
-            [_observe_by("stage", lambda: {"tap": stats.chunks_dropped})],
-            description="Work shed under load, by stage; the client's bytes are never dropped.",
-        )
-        meter.create_observable_counter(
             "semhealth_requests_unanalysed",
             [_observe_by("reason", lambda: dict(stats.requests_unanalysed))],
             description="Requests forwarded without analysing their body, by reason.",
+        )
+
+    def _observe_relevance(
+        self,
+        meter: Any,
+        tap: TapStats,
+        relevance: Callable[[], RelevanceStats | None],
+        cache: Callable[[], CacheStats | None],
+    ) -> None:
+        """Relevance and embedding counters; zero while scoring is off, so series never vanish."""
+
+        def dropped() -> dict[str, int]:
+            stats = relevance()
+            return {"tap": tap.chunks_dropped, "relevance": stats.dropped if stats else 0}
+
+        meter.create_observable_counter(
+            "semhealth_dropped",
+            [_observe_by("stage", dropped)],
+            description="Work shed under load, by stage; the client's bytes are never dropped.",
+        )
+        counters = {
+            "semhealth_relevance_scored": (
+                lambda: _field(relevance(), "scored"),
+                "Streams whose relevance was scored and recorded.",
+            ),
+            "semhealth_relevance_errors": (
+                lambda: _field(relevance(), "errors"),
+                "Streams whose scoring failed in the encoder (counted, never retried).",
+            ),
+            "semhealth_embedding_cache_hits": (
+                lambda: _field(cache(), "hits"),
+                "Texts whose embedding came from the cache.",
+            ),
+            "semhealth_embedding_cache_misses": (
+                lambda: _field(cache(), "misses"),
+                "Texts the cache did not hold, so the model embedded them.",
+            ),
+        }
+        for name, (read, description) in counters.items():
+            meter.create_observable_counter(name, [_observe(read)], description=description)
+        meter.create_observable_counter(
+            "semhealth_relevance_skipped",
+            [_observe_by("reason", lambda: _skipped(relevance()))],
+            description="Streams not scored, by reason: sampled_out, no_query, "
+            "nothing_to_compare, incomplete, error_response.",
         )
 
     def observe_analysis(self, seconds: float) -> None:
@@ -242,3 +287,12 @@ class Telemetry:
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         self.provider.shutdown(timeout_millis=timeout_s * 1000)
+
+
+def _field(stats: RelevanceStats | CacheStats | None, name: str) -> int:
+    return int(getattr(stats, name)) if stats is not None else 0
+
+
+def _skipped(stats: RelevanceStats | None) -> dict[str, int]:
+    # A copy: the OTLP reader's thread iterates while the loop may add a reason.
+    return dict(stats.skipped) if stats is not None else {}

@@ -30,6 +30,7 @@ SURFACE = {
         "Overloaded", "RelevanceScorer", "RelevanceScores", "RemoteScorerBackend", "TEIBackend",
         "Vectors", "answer_relevance", "context_relevance", "default_config", "estimate_tokens",
         "fit_calibration", "load_calibration", "normalize_rows", "resolve_model",
+        "RoutingScorer", "UseBackend", "has_cjk",
     },
 }  # fmt: skip
 

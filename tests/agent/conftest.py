@@ -41,6 +41,7 @@ def agent_config(upstream_url: str, **settings: Any) -> Any:
         "upstream.url": upstream_url,
         "listen.proxy": "127.0.0.1:0",
         "listen.admin": "127.0.0.1:0",
+        "relevance.enabled": False,  # tests that score turn it on: loading models costs seconds
     }
     overrides.update(settings)
     return load_config(None, {}, overrides)

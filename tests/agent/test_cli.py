@@ -28,9 +28,10 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     # A clean environment: a stray SEMHEALTH_* variable must not change what is tested.
-    return {
-        k: v for k, v in os.environ.items() if not k.startswith(("SEMHEALTH_", "OTEL_", "K8S_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SEMHEALTH_", "OTEL_", "K8S_"))}
+    # Relevance scoring has tests of its own; loading models here would only cost seconds.
+    env["SEMHEALTH_RELEVANCE__ENABLED"] = "false"
+    return env
 
 
 def test_config_schema_prints_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ from semhealth.agent.config import (
     LOG_LEVELS,
     OTLP,
     OTLP_PROTOCOLS,
+    RELEVANCE_ENABLED,
     TLS,
     Address,
     Config,
@@ -26,12 +27,14 @@ from semhealth.agent.config import (
     ConfigIssue,
     Listen,
     Log,
+    Relevance,
     Telemetry,
     Timeouts,
     Upstream,
     check_config_file,
     default_config,
     load_config,
+    load_relevance,
     schema_text,
     validate_collectors,
 )
@@ -45,6 +48,7 @@ from semhealth.collectors.config import (
     default_routes,
 )
 from semhealth.collectors.config import Config as CollectorsConfig
+from semhealth.embeddings import config as embeddings_config
 
 DATA = Path(__file__).parent / "testdata" / "config"
 URL = "http://127.0.0.1:8000"
@@ -162,6 +166,22 @@ BAD_FILES = {
         " which always means TLS (fix: set insecure to null, or use an http:// endpoint for"
         " plain text)",
     ],
+    "relevance_bad_sample_rate.yaml": [
+        "{file}:4:3: relevance.sample_rate: must be at most 1, got 1.5"
+        " (fix: use a number of at most 1)",
+    ],
+    "relevance_bad_enabled.yaml": [
+        "{file}:4:3: relevance.enabled: unknown enabled 'sometimes'"
+        " (fix: use one of: auto, true, false)",
+    ],
+    "relevance_unknown_backend.yaml": [
+        "{file}:8:7: relevance.encoders[0].backend: unknown backend 'tei'"
+        f" (fix: use one of: {', '.join(embeddings_config.BACKENDS)})",
+    ],
+    "relevance_batching_too_large.yaml": [
+        "{file}:9:9: relevance.encoders[0].batching.max_batch: max_batch 64 is larger than"
+        " queue_size 16 (fix: make max_batch less than or equal to queue_size)",
+    ],
 }
 
 
@@ -215,6 +235,39 @@ FULL_TELEMETRY = Telemetry(
 )
 
 
+FULL_RELEVANCE = Relevance(
+    enabled=True,
+    sample_rate=0.5,
+    max_in_flight=128,
+    calibration=None,
+    embeddings=embeddings_config.Config(
+        encoder="english",
+        route_cjk_to="multilingual",
+        top_k=5,
+        cache_entries=4096,
+        encoders=(
+            embeddings_config.Encoder(
+                name="english",
+                backend="local",
+                local=embeddings_config.Local(
+                    model="all-MiniLM-L6-v2", device="cpu", threads=2, fp16=True
+                ),
+                batching=embeddings_config.Batching(
+                    queue_size=2048,
+                    max_batch=32,
+                    max_batch_tokens=8192,
+                    flush_timeout_s=0.005,
+                    workers=1,
+                ),
+            ),
+            embeddings_config.Encoder(
+                name="multilingual", backend="use", use=embeddings_config.Use(threads=2)
+            ),
+        ),
+    ),
+)
+
+
 def test_full_example_loads_to_expected_dataclasses() -> None:
     expected = Config(
         upstream=Upstream(
@@ -254,6 +307,7 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
         ),
         log=Log(level="debug", format="json"),
         telemetry=FULL_TELEMETRY,
+        relevance=FULL_RELEVANCE,
     )
     assert load_config(data_file("full.yaml"), {}, {}) == expected
 
@@ -319,7 +373,8 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
     issues = issues_text(check_config_file(str(path), {}))
     assert issues == [
         f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
-        " here are: upstream, listen, routes, limits, analysis, log, telemetry)"
+        " here are: upstream, listen, routes, limits, analysis, log, telemetry,"
+        " relevance)"
     ]
 
 
@@ -644,6 +699,10 @@ def test_schema_enums_match_the_code() -> None:
     assert tuple(log["format"]["enum"]) == LOG_FORMATS
     otlp = schema()["properties"]["telemetry"]["properties"]["otlp"]["properties"]
     assert tuple(otlp["protocol"]["enum"]) == OTLP_PROTOCOLS
+    relevance = schema()["properties"]["relevance"]["properties"]
+    assert tuple(relevance["enabled"]["enum"]) == RELEVANCE_ENABLED
+    local = schema()["$defs"]["encoder"]["properties"]["local"]["properties"]
+    assert tuple(local["device"]["enum"]) == embeddings_config.DEVICES
 
 
 def test_schema_defaults_match_default_config() -> None:
@@ -678,8 +737,32 @@ def test_schema_defaults_match_default_config() -> None:
         "routes[].extract.query": None,
         "routes[].extract.context": [],
         "routes[].contract": None,
+        **_relevance_defaults(config.relevance),
     }
     assert defaults == code
+
+
+def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
+    """The schema's defaults under relevance:, as the code has them (encoder items: fresh)."""
+    embeddings = relevance.embeddings
+    encoder = embeddings_config.Encoder()
+    item = {
+        "backend": encoder.backend,
+        **{f"local.{k}": v for k, v in dataclasses.asdict(encoder.local).items()},
+        **{f"use.{k}": v for k, v in dataclasses.asdict(encoder.use).items()},
+        **{f"batching.{k}": v for k, v in dataclasses.asdict(encoder.batching).items()},
+    }
+    return {
+        "relevance.enabled": relevance.enabled,
+        "relevance.sample_rate": relevance.sample_rate,
+        "relevance.max_in_flight": relevance.max_in_flight,
+        "relevance.calibration": relevance.calibration,
+        "relevance.top_k": embeddings.top_k,
+        "relevance.cache_entries": embeddings.cache_entries,
+        "relevance.encoder": embeddings.encoder,
+        "relevance.route_cjk_to": embeddings.route_cjk_to,
+        **{f"relevance.encoders[].{k}": v for k, v in item.items()},
+    }
 
 
 def test_env_names_cover_every_setting_outside_lists() -> None:
@@ -700,6 +783,7 @@ def test_public_names_are_pinned() -> None:
             "LOG_LEVELS",
             "OTLP",
             "OTLP_PROTOCOLS",
+            "RELEVANCE_ENABLED",
             "TLS",
             "Address",
             "Config",
@@ -707,12 +791,14 @@ def test_public_names_are_pinned() -> None:
             "ConfigIssue",
             "Listen",
             "Log",
+            "Relevance",
             "Telemetry",
             "Timeouts",
             "Upstream",
             "check_config_file",
             "default_config",
             "load_config",
+            "load_relevance",
             "schema_text",
             "validate_collectors",
         ]
@@ -1340,3 +1426,98 @@ def test_any_otel_values_give_config_or_config_error(values: dict[str, str], pro
         load_config(None, {**env, **values}, {})
     except ConfigError as exc:
         assert exc.issues
+
+
+# -- relevance -------------------------------------------------------------------------------
+
+
+def relevance_of(env: dict[str, str], path: str | None = None) -> Relevance:
+    return load_config(path, env, {"upstream.url": URL}).relevance
+
+
+def test_relevance_defaults() -> None:
+    relevance = relevance_of({})
+    assert (relevance.enabled, relevance.sample_rate, relevance.max_in_flight) == ("auto", 1.0, 256)
+    assert relevance.calibration is None
+    assert relevance.embeddings == embeddings_config.default_config()
+
+
+def test_relevance_env_overrides_nested_settings() -> None:
+    env = {
+        "SEMHEALTH_RELEVANCE__ENABLED": "false",
+        "SEMHEALTH_RELEVANCE__SAMPLE_RATE": "0.25",
+        "SEMHEALTH_RELEVANCE__TOP_K": "2",
+    }
+    relevance = relevance_of(env, data_file("full.yaml"))
+    assert (relevance.enabled, relevance.sample_rate, relevance.embeddings.top_k) == (
+        False,
+        0.25,
+        2,
+    )
+
+
+def test_relevance_encoders_from_env_are_a_yaml_list() -> None:
+    env = {
+        "SEMHEALTH_RELEVANCE__ROUTE_CJK_TO": "null",
+        "SEMHEALTH_RELEVANCE__ENCODERS": "[{name: default, local: {model: /models/e5, threads: 3}}]",
+    }
+    (encoder,) = relevance_of(env).embeddings.encoders
+    assert encoder.local == embeddings_config.Local(model="/models/e5", threads=3)
+
+
+def test_relevance_bad_sample_rate_from_code_is_named() -> None:
+    assert issues_text(Relevance(sample_rate=-0.1).validate()) == [
+        "sample_rate: sample_rate must be between 0 and 1, not -0.1 (fix: use the share of"
+        " streams to score, e.g. 0.1 for one in ten (1 scores all))"
+    ]
+
+
+def test_relevance_enabled_from_code_must_be_auto_or_a_boolean() -> None:
+    bad = Relevance(enabled="yes")  # type: ignore[arg-type]
+    assert issues_text(bad.validate()) == [
+        "enabled: unknown enabled 'yes' (fix: use auto, true or false)"
+    ]
+
+
+def test_relevance_issues_of_embeddings_are_under_relevance() -> None:
+    embeddings = embeddings_config.Config(encoder="missing")
+    config = with_url(
+        dataclasses.replace(default_config(), relevance=Relevance(embeddings=embeddings))
+    )
+    assert [issue.path for issue in config.validate()] == ["relevance.encoder"]
+
+
+def test_relevance_zero_in_flight_is_reported() -> None:
+    assert issues_text(Relevance(max_in_flight=0).validate()) == [
+        "max_in_flight: max_in_flight must be at least 1, not 0 (fix: use a whole number of"
+        " at least 1, e.g. 256)"
+    ]
+
+
+def test_relevance_calibration_is_read_from_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "cal.json").write_text("{}", "utf-8")
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream:\n  url: {URL}\nrelevance:\n  calibration: cal.json\n", "utf-8")
+    assert relevance_of({}, str(path)).calibration == str(tmp_path / "cal.json")
+
+
+def test_relevance_missing_calibration_file_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream:\n  url: {URL}\nrelevance:\n  calibration: gone.json\n", "utf-8")
+    gone = str(tmp_path / "gone.json")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:4:3: relevance.calibration: calibration file {gone!r} does not exist"
+        " (fix: correct the path, or mount the file there)"
+    ]
+
+
+def test_load_relevance_needs_no_upstream_url() -> None:
+    assert load_relevance(None, {}) == Relevance()
+
+
+def test_load_relevance_reports_only_the_relevance_section(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text("log:\n  level: loud\nrelevance:\n  top_k: 0\n", "utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_relevance(str(path), {})
+    assert [issue.path for issue in caught.value.issues] == ["relevance.top_k"]

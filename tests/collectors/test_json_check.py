@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from semhealth.collectors.json_check import (
@@ -298,6 +298,7 @@ def test_first_bad_offset_is_the_true_one(case: tuple[str, int], pieces: list[in
 
 @no_deadline
 @given(corrupted())
+@example(case=("15965907498032014e+293", 1))  # a top-level number that overflows at the end
 def test_prefix_before_the_offset_fed_alone_does_not_fail(case: tuple[str, int]) -> None:
     text, _ = case
     offset = run(text).error_offset
@@ -307,6 +308,8 @@ def test_prefix_before_the_offset_fed_alone_does_not_fail(case: tuple[str, int])
     checker.feed(text[:offset])
     assert not checker.failed
     checker.feed(text[offset:])
+    # An overflowing number is judged when it ends; at the end of the text that is finish().
+    checker.finish()
     assert checker.error_offset == offset
 
 

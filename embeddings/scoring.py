@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import orjson
@@ -37,10 +37,21 @@ from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.cache import Cache
 from semhealth.embeddings.calibration import Calibration, fit_calibration, load_calibration
-from semhealth.embeddings.config import Config, Encoder, default_config
-from semhealth.embeddings.errors import BackendError, Closed, EmbeddingError, Overloaded
+from semhealth.embeddings.config import REMOTE_BACKENDS, Config, Encoder, default_config
+from semhealth.embeddings.errors import (
+    BackendError,
+    Closed,
+    EmbeddingError,
+    ModelLoadError,
+    Overloaded,
+)
 from semhealth.embeddings.relevance import RelevanceScorer, RelevanceScores
 from semhealth.embeddings.routing import RoutingScorer, Scorer
+
+if TYPE_CHECKING:
+    from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
+    from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+    from semhealth.embeddings.remote_tei import TEIBackend
 
 CONTEXT_FIELD = "context_relevance_score"
 ANSWER_FIELD = "answer_relevance_score"
@@ -235,14 +246,15 @@ async def open_scorer(
         scorers: dict[str, RelevanceScorer] = {}
         for name in names:
             encoder = _named(config, name)
-            if name == config.encoder:
-                calibrate = calibration or load_calibration(encoder.model, calibration_path)
-            else:
-                calibrate = load_calibration(encoder.model)
             used = given.get(name)
             if used is None:
                 used = await _load_backend(encoder)
                 stack.push_async_callback(used.aclose)
+            model = _served_model(encoder, used)
+            if name == config.encoder:
+                calibrate = calibration or load_calibration(model, calibration_path)
+            else:
+                calibrate = load_calibration(model)
             batcher = MicroBatcher(used, encoder.batching, cache=cache)
             await batcher.start()
             stack.push_async_callback(batcher.shutdown)
@@ -274,7 +286,65 @@ async def _load_backend(encoder: Encoder) -> Backend:
         from semhealth.embeddings.use import UseBackend
 
         return await asyncio.to_thread(UseBackend, encoder.use.threads)
+    if encoder.backend in REMOTE_BACKENDS:
+        return await _connect_remote(encoder)
     raise ValueError(f"encoder '{encoder.name}' has no local backend; pass its backend in")
+
+
+async def _connect_remote(encoder: Encoder) -> Backend:
+    """The encoder's remote backend, connected: a dead or wrong server fails the start.
+
+    Raises ``ModelLoadError`` (with the server's address, never credentials) when the
+    server does not answer as it should, and ``ValueError`` for settings that cannot work.
+    """
+    from semhealth.embeddings._http import display_url
+
+    backend = _remote_backend(encoder)
+    try:
+        await backend.connect()
+    except EmbeddingError as exc:
+        await backend.aclose()
+        where = (
+            encoder.remote.url if encoder.backend == "scorer" else display_url(encoder.remote.url)
+        )
+        raise ModelLoadError(
+            f"encoder '{encoder.name}' ({encoder.backend} at {where}) did not answer at "
+            f"start-up: {exc}"
+        ) from exc
+    return backend
+
+
+def _remote_backend(encoder: Encoder) -> RemoteScorerBackend | TEIBackend | OpenAICompatibleBackend:
+    # Imported here, as the local ones are: grpc and aiohttp cost start-up time when unused.
+    from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
+    from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+    from semhealth.embeddings.remote_tei import TEIBackend
+
+    remote = encoder.remote
+    if encoder.backend == "scorer":
+        return RemoteScorerBackend(
+            remote.url, remote.model or encoder.name, remote.timeout_s, name=encoder.name
+        )
+    if encoder.backend == "tei":
+        return TEIBackend(
+            remote.url,
+            name=encoder.name,
+            timeout_s=remote.timeout_s,
+            max_connections=remote.max_connections,
+        )
+    return OpenAICompatibleBackend(
+        remote.url,
+        remote.model,
+        name=encoder.name,
+        timeout_s=remote.timeout_s,
+        max_connections=remote.max_connections,
+    )
+
+
+def _served_model(encoder: Encoder, backend: Backend) -> str:
+    """The model whose calibration applies: a scorer says which model serves its encoder."""
+    served = getattr(backend, "model", "") if encoder.backend == "scorer" else ""
+    return served if isinstance(served, str) and served else encoder.model
 
 
 # -- reading records ---------------------------------------------------------------------------

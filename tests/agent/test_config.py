@@ -174,8 +174,12 @@ BAD_FILES = {
         "{file}:4:3: relevance.enabled: unknown enabled 'sometimes'"
         " (fix: use one of: auto, true, false)",
     ],
+    "relevance_remote_without_url.yaml": [
+        "{file}:7:7: relevance.encoders[0].remote.url: url is empty"
+        " (fix: give the tei server's address, such as http://127.0.0.1:8080)",
+    ],
     "relevance_unknown_backend.yaml": [
-        "{file}:8:7: relevance.encoders[0].backend: unknown backend 'tei'"
+        "{file}:8:7: relevance.encoders[0].backend: unknown backend 'onnx'"
         f" (fix: use one of: {', '.join(embeddings_config.BACKENDS)})",
     ],
     "relevance_batching_too_large.yaml": [
@@ -750,6 +754,7 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "backend": encoder.backend,
         **{f"local.{k}": v for k, v in dataclasses.asdict(encoder.local).items()},
         **{f"use.{k}": v for k, v in dataclasses.asdict(encoder.use).items()},
+        **{f"remote.{k}": v for k, v in dataclasses.asdict(encoder.remote).items()},
         **{f"batching.{k}": v for k, v in dataclasses.asdict(encoder.batching).items()},
     }
     return {

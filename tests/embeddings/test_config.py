@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from semhealth.embeddings.config import (
@@ -7,6 +9,7 @@ from semhealth.embeddings.config import (
     Config,
     Encoder,
     Local,
+    Remote,
     default_config,
 )
 
@@ -123,3 +126,79 @@ def test_two_encoders_with_their_own_names_are_valid() -> None:
         ),
     )
     assert config.validate() == []
+
+
+def _remote(backend: str, **settings: Any) -> Config:
+    encoder = Encoder(backend=backend, remote=Remote(**settings))
+    return Config(encoders=(encoder,), route_cjk_to=None)
+
+
+@pytest.mark.parametrize(
+    ("config", "path", "message"),
+    [
+        (_remote("scorer"), "encoders[0].remote.url", "url is empty"),
+        (_remote("tei", url=" "), "encoders[0].remote.url", "url is empty"),
+        (
+            _remote("scorer", url="http://127.0.0.1:50051"),
+            "encoders[0].remote.url",
+            "url 'http://127.0.0.1:50051' is not a HOST:PORT address",
+        ),
+        (
+            _remote("scorer", url="127.0.0.1:70000"),
+            "encoders[0].remote.url",
+            "url '127.0.0.1:70000' is not a HOST:PORT address",
+        ),
+        (
+            _remote("tei", url="127.0.0.1:8080"),
+            "encoders[0].remote.url",
+            "url is not an http:// or https:// URL with a host",
+        ),
+        (
+            _remote("openai", url="ftp://example.com", model="m"),
+            "encoders[0].remote.url",
+            "url is not an http:// or https:// URL with a host",
+        ),
+        (
+            _remote("openai", url="https://api.example.com/v1"),
+            "encoders[0].remote.model",
+            "model is empty",
+        ),
+        (
+            _remote("scorer", url="127.0.0.1:50051", timeout_s=0.0),
+            "encoders[0].remote.timeout_s",
+            "timeout_s must be more than 0, not 0",
+        ),
+        (
+            _remote("tei", url="http://127.0.0.1:8080", max_connections=0),
+            "encoders[0].remote.max_connections",
+            "max_connections must be at least 1, not 0",
+        ),
+    ],
+)
+def test_each_bad_remote_setting_is_named_with_its_path(
+    config: Config, path: str, message: str
+) -> None:
+    assert (path, message) in [(issue.path, issue.message) for issue in config.validate()]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _remote("scorer", url="127.0.0.1:50051"),
+        _remote("scorer", url="[::1]:50051", model="default"),
+        _remote("tei", url="http://127.0.0.1:8080"),
+        _remote("openai", url="https://api.example.com/v1", model="text-embedding-3-small"),
+    ],
+)
+def test_a_complete_remote_encoder_is_valid(config: Config) -> None:
+    assert config.validate() == []
+
+
+def test_a_remote_section_is_not_judged_for_a_local_encoder() -> None:
+    encoder = Encoder(remote=Remote(timeout_s=-1.0, max_connections=0))
+    assert Config(encoders=(encoder,), route_cjk_to=None).validate() == []
+
+
+def test_a_scorer_encoder_asks_for_its_own_name_unless_a_model_is_given() -> None:
+    assert Encoder(name="zh", backend="scorer").model == "zh"
+    assert Encoder(name="zh", backend="scorer", remote=Remote(model="multi")).model == "multi"

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 from semhealth.embeddings.backend import Vectors
 from semhealth.embeddings.errors import BackendError
@@ -18,26 +17,8 @@ from tests.embeddings.loopback import (
     EmbeddingServer,
     Script,
     assert_same_scores,
-    embedding_server,
     relevance_cases,
 )
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def reference(minilm: LocalBackend) -> Vectors:
-    """The local model's vectors for ``TEXTS``, computed once for the module."""
-    return await minilm.embed(TEXTS)
-
-
-@pytest.fixture
-def script() -> Script:
-    return Script()
-
-
-@pytest.fixture
-async def server(minilm: LocalBackend, script: Script) -> AsyncIterator[EmbeddingServer]:
-    async with embedding_server(minilm, script) as running:
-        yield running
 
 
 @pytest.fixture

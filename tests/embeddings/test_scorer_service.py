@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 import grpc  # type: ignore[import-untyped]
 import numpy as np
 import pytest
-import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
 from semhealth.embeddings import _wire
@@ -30,12 +29,6 @@ from tests.embeddings.wrappers import Failing, Gated, Recording
 ENCODER = "minilm"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def reference(minilm: LocalBackend) -> Vectors:
-    """The local model's vectors for ``TEXTS``, computed once for the module."""
-    return await minilm.embed(TEXTS)
 
 
 class Scaled(Recording):

@@ -1,0 +1,23 @@
+"""The one thing the alerts package is fed: a measured value of a signal, with its labels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One observation of a signal.
+
+    ``name`` is a ``Signal.name`` from ``semhealth.alerts.signals``. ``value`` is in the
+    signal's base unit (seconds for durations; 1.0 or 0.0 for a ratio signal: one output
+    that was valid, or was not). ``labels`` are the signal's label names with bounded
+    values (route, model, provider, prompt_class), never text from a request or a
+    response. ``t`` is wall-clock time in Unix seconds, the clock Alertmanager speaks.
+    """
+
+    name: str
+    value: float
+    labels: Mapping[str, str]
+    t: float

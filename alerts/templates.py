@@ -1,0 +1,161 @@
+"""Annotation templates: the part of Prometheus' template language that rules here use.
+
+Annotations are written once, in Prometheus' Go-template syntax, and serve both
+evaluators: the Prometheus export copies them verbatim and the agent renders them
+with this module. So this renders exactly a small, checked subset and rejects the
+rest at load time, rather than guessing at Go's semantics:
+
+    {{ $value }}                       the measured value, printed as Go's %v does
+    {{ $labels.route }}                a label of the alert's group ("" when absent)
+    {{ $value | humanize }}            also humanizePercentage, humanizeDuration
+    {{ printf "%.2f" $value }}         printf with one numeric verb and $value
+
+Prometheus' ``humanize*`` functions are re-implemented from their documented
+behaviour: four significant digits and SI or time-unit prefixes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+
+_ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.DOTALL)
+_VALUE = re.compile(r"\$value$")
+_LABEL = re.compile(r"\$labels\.([A-Za-z_][A-Za-z0-9_]*)$")
+_PIPE = re.compile(r"\$value\s*\|\s*([A-Za-z]+)$")
+_PRINTF = re.compile(r'printf\s+"(%[-+ 0#]?\d*(?:\.\d+)?[defg])"\s+\$value$')
+
+
+def _go_float(value: float) -> str:
+    """Go's ``%v`` for a float64: shortest digits, exponent form below 1e-4 or from 1e21."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "0"
+    exponent = math.floor(math.log10(abs(value)))
+    if -4 <= exponent < 21:
+        text = repr(value)
+        if "e" in text:  # Python switches to exponent form at 1e16; Go does not until 1e21
+            text = f"{value:.0f}"
+        return text.removesuffix(".0")
+    mantissa, _, power = f"{value:e}".partition("e")
+    shortest = repr(value).partition("e")[0] if "e" in repr(value) else mantissa
+    sign = "-" if int(power) < 0 else "+"
+    return f"{shortest.rstrip('0').rstrip('.')}e{sign}{abs(int(power)):02d}"
+
+
+def _g4(value: float) -> str:
+    text = f"{value:.4g}"
+    return "NaN" if text == "nan" else text.replace("inf", "Inf")
+
+
+def _scale_down(value: float) -> tuple[float, str]:
+    prefix = ""
+    for candidate in ("m", "u", "n", "p", "f", "a", "z", "y"):
+        if abs(value) >= 1:
+            break
+        prefix = candidate
+        value *= 1000
+    return value, prefix
+
+
+def humanize(value: float) -> str:
+    if value == 0 or math.isnan(value) or math.isinf(value):
+        return _g4(value)
+    if abs(value) >= 1:
+        prefix = ""
+        for candidate in ("k", "M", "G", "T", "P", "E", "Z", "Y"):
+            if abs(value) < 1000:
+                break
+            prefix = candidate
+            value /= 1000
+        return f"{_g4(value)}{prefix}"
+    value, prefix = _scale_down(value)
+    return f"{_g4(value)}{prefix}"
+
+
+def humanize_percentage(value: float) -> str:
+    return f"{_g4(value * 100)}%"
+
+
+def humanize_duration(value: float) -> str:
+    if math.isnan(value) or math.isinf(value):
+        return _g4(value)
+    if value == 0:
+        return f"{_g4(value)}s"
+    if abs(value) >= 1:
+        sign = "-" if value < 0 else ""
+        value = abs(value)
+        whole = int(value)
+        days, rest = divmod(whole, 86400)
+        hours, rest = divmod(rest, 3600)
+        minutes, seconds = divmod(rest, 60)
+        if days:
+            return f"{sign}{days}d {hours}h {minutes}m {seconds}s"
+        if hours:
+            return f"{sign}{hours}h {minutes}m {seconds}s"
+        if minutes:
+            return f"{sign}{minutes}m {seconds}s"
+        return f"{sign}{_g4(value)}s"
+    value, prefix = _scale_down(value)
+    return f"{_g4(value)}{prefix}s"
+
+
+FUNCTIONS: Mapping[str, Callable[[float], str]] = {
+    "humanize": humanize,
+    "humanizePercentage": humanize_percentage,
+    "humanizeDuration": humanize_duration,
+}
+
+
+def _action_error(action: str) -> str | None:
+    if _VALUE.match(action) or _LABEL.match(action) or _PRINTF.match(action):
+        return None
+    pipe = _PIPE.match(action)
+    if pipe and pipe.group(1) in FUNCTIONS:
+        return None
+    if pipe:
+        return f"unknown function {pipe.group(1)!r} (known: {', '.join(FUNCTIONS)})"
+    return f"unsupported template action {{{{ {action} }}}}"
+
+
+def check(template: str) -> str | None:
+    """Why ``template`` cannot be rendered here, or None when it can."""
+    for match in _ACTION.finditer(template):
+        error = _action_error(match.group(1))
+        if error is not None:
+            return error
+    stripped = _ACTION.sub("", template)
+    if "{{" in stripped or "}}" in stripped:
+        return "unbalanced {{ or }}"
+    return None
+
+
+def render(template: str, *, value: float | None, labels: Mapping[str, str]) -> str:
+    """``template`` with its actions filled in; call ``check`` first (at load time).
+
+    ``value`` None (too few samples) renders as Go renders a missing value: ``<no value>``.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        action = match.group(1)
+        label = _LABEL.match(action)
+        if label:
+            return labels.get(label.group(1), "")
+        if value is None:
+            return "<no value>"
+        if _VALUE.match(action):
+            return _go_float(value)
+        printf = _PRINTF.match(action)
+        if printf:
+            verb = printf.group(1)
+            return verb % (int(value) if verb.endswith("d") else value)
+        pipe = _PIPE.match(action)
+        if pipe:
+            return FUNCTIONS[pipe.group(1)](value)
+        return match.group(0)
+
+    return _ACTION.sub(replace, template)

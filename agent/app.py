@@ -22,7 +22,7 @@ from aiohttp import web
 from semhealth.agent.admin import build_admin_app
 from semhealth.agent.config import Address, Config, Relevance
 from semhealth.agent.contracts import load_contracts
-from semhealth.agent.errors import SemhealthError
+from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.proxy import Proxy, UpstreamSettings
 from semhealth.agent.recorder import RecorderSettings
 from semhealth.agent.relevance import RelevanceStage
@@ -51,10 +51,6 @@ _BACKEND_PACKAGES = {
     "tei": ("aiohttp", "aiohttp"),
     "openai": ("aiohttp", "aiohttp"),
 }
-
-
-class RelevanceStartError(SemhealthError):
-    """Relevance scoring was asked for (``relevance.enabled: true``) and could not start."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,7 +1,8 @@
 """Errors the agent raises.
 
     SemhealthError            root of every error semhealth raises on purpose
-     └── ConfigError          the configuration is invalid; carries every ConfigIssue found
+     ├── ConfigError          the configuration is invalid; carries every ConfigIssue found
+     └── RelevanceStartError  relevance scoring was required and its encoders could not start
 
 Only start-up raises these; once traffic flows, problems are counted and answered,
 never raised into the forwarding loop. Add new branches to the tree above as they appear.
@@ -52,3 +53,7 @@ class ConfigError(SemhealthError):
     def __init__(self, issues: Iterable[ConfigIssue]) -> None:
         self.issues: tuple[ConfigIssue, ...] = tuple(issues)
         super().__init__("\n".join(str(issue) for issue in self.issues))
+
+
+class RelevanceStartError(SemhealthError):
+    """Relevance scoring was asked for (``relevance.enabled: true``) and could not start."""

@@ -20,7 +20,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.app import Agent, RelevanceStartError, Settings
+from semhealth.agent.app import Agent, Settings
+from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.backend import Backend, Vectors

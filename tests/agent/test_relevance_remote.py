@@ -18,8 +18,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from semhealth.agent.app import Agent, RelevanceStartError, Settings
+from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import Config, load_config
+from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher

@@ -2,7 +2,8 @@
 
 One call per stream (never per chunk), off the forwarding path. Label values
 pass a cardinality guard first, and no text from the request or the response
-is ever used as a label.
+is ever used as a label. The same values go, as ``Sample``s, to the alert
+evaluator when one is wired in: it sees exactly what the metrics see.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from opentelemetry.util.types import AttributeValue
 
 from semhealth.agent import metrics as m
+from semhealth.alerts.sample import Sample
 from semhealth.collectors.continuity import intervals_s, measure_continuity
 from semhealth.collectors.record import StreamRecord
 from semhealth.collectors.validity import SchemaCache, ValidityResult, validate_record
@@ -31,6 +33,10 @@ _GEN_AI_PROVIDER = {
     "anthropic_messages": "anthropic",
 }
 _OPERATION = {"openai_completions": "text_completion", "tgi": "text_completion"}
+
+
+# The labels every alert signal carries (see semhealth.alerts.signals).
+_ALERT_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS)
 
 
 class LabelGuard:
@@ -118,8 +124,15 @@ def error_type(record: StreamRecord) -> str:
     return kind
 
 
+ConsumeSample = Callable[[Sample], None]
+
+
 class Recorder:
-    """``consume_record`` for the telemetry pipeline."""
+    """``consume_record`` for the telemetry pipeline.
+
+    ``consume_sample`` (the alert evaluator's ``observe``) gets one ``Sample`` per signal
+    value recorded, stamped with ``wall_clock``; ``clock`` times the validity window.
+    """
 
     def __init__(
         self,
@@ -127,11 +140,15 @@ class Recorder:
         settings: RecorderSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        consume_sample: ConsumeSample | None = None,
     ) -> None:
         self._c = instruments.counters
         self._h = instruments.histograms
         self._settings = settings
         self._clock = clock
+        self._wall_clock = wall_clock
+        self.consume_sample = consume_sample
         self.guard = LabelGuard(settings.max_label_values)
         self.validity = RollingRatio(settings.validity_window_s)
         self._schemas = SchemaCache()
@@ -145,13 +162,20 @@ class Recorder:
             m.PROMPT_CLASS: record.prompt_class,
         }
 
+    def _emit(self, signal: str, value: float, labels: Mapping[str, AttributeValue]) -> None:
+        if self.consume_sample is not None:
+            plain = {key: str(labels[key]) for key in _ALERT_LABELS if key in labels}
+            self.consume_sample(Sample(signal, value, plain, self._wall_clock()))
+
     def record_relevance(self, record: StreamRecord, scores: RelevanceScores) -> None:
         """The calibrated scores of one record, once its embeddings are back."""
         attrs = self.semantic_attributes(record)
         if scores.context is not None:
             self._h["semantic_health_context_relevance_score"].record(scores.context, attrs)
+            self._emit("context_relevance_score", scores.context, attrs)
         if scores.answer is not None:
             self._h["semantic_health_answer_relevance_score"].record(scores.answer, attrs)
+            self._emit("answer_relevance_score", scores.answer, attrs)
 
     def consume_record(self, record: StreamRecord) -> None:
         semantic = self.semantic_attributes(record)
@@ -170,6 +194,7 @@ class Recorder:
         self._c["semantic_health_requests"].add(
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )
+        self._emit("request_success_rate", 0.0 if failure else 1.0, semantic)
         self._record_gen_ai(record, gen_ai, failure)
         if not record.shed:  # a shed stream's timings and text are incomplete
             self._record_continuity(record, semantic)
@@ -180,6 +205,14 @@ class Recorder:
     ) -> None:
         duration_attrs = {**attrs, m.ERROR: failure} if failure else attrs
         self._h["gen_ai.client.operation.duration"].record(record.duration_s, duration_attrs)
+        # Alert labels use the short names; Signal.prometheus_labels maps them back.
+        alert_labels = {
+            m.ROUTE: attrs[m.ROUTE],
+            m.MODEL: attrs[m.RESPONSE_MODEL],
+            m.PROVIDER: attrs[m.GEN_AI_PROVIDER],
+            m.PROMPT_CLASS: attrs[m.PROMPT_CLASS],
+        }
+        self._emit("operation_duration", record.duration_s, alert_labels)
         tokens = self._h["gen_ai.client.token.usage"]
         if record.usage.input_tokens is not None:
             tokens.record(record.usage.input_tokens, {**attrs, m.TOKEN_TYPE: "input"})
@@ -189,8 +222,10 @@ class Recorder:
             return
         if record.ttfb_s is not None:
             self._h["gen_ai.client.operation.time_to_first_chunk"].record(record.ttfb_s, attrs)
+            self._emit("time_to_first_chunk", record.ttfb_s, alert_labels)
         if record.ttft_s is not None:
             self._h["gen_ai.server.time_to_first_token"].record(record.ttft_s, attrs)
+            self._emit("time_to_first_token", record.ttft_s, alert_labels)
         gaps = intervals_s(record.delta_ns)
         per_chunk = self._h["gen_ai.client.operation.time_per_output_chunk"]
         for gap in gaps:
@@ -198,6 +233,7 @@ class Recorder:
         tpot = _time_per_output_token(record)
         if tpot is not None:
             self._h["gen_ai.server.time_per_output_token"].record(tpot, attrs)
+            self._emit("time_per_output_token", tpot, alert_labels)
 
     def _record_continuity(self, record: StreamRecord, attrs: dict[str, AttributeValue]) -> None:
         continuity = measure_continuity(record, self._settings.stall_threshold_s)
@@ -205,6 +241,8 @@ class Recorder:
             return
         self._h["semantic_health_stream_continuity_index"].record(continuity.index_s, attrs)
         self._h["semantic_health_stream_max_gap"].record(continuity.max_gap_s, attrs)
+        self._emit("stream_continuity_index", continuity.index_s, attrs)
+        self._emit("stream_max_gap", continuity.max_gap_s, attrs)
         if continuity.stalls:
             self._c["semantic_health_stream_stalls"].add(continuity.stalls, attrs)
 
@@ -218,6 +256,7 @@ class Recorder:
             self._c["semantic_health_outputs"].add(1, {**attrs, m.RESULT: result.result})
             self._count_reasons(result, str(attrs[m.ROUTE]))
             self.validity.add(key, result.result == "valid", now)
+            self._emit("model_output_validity_rate", float(result.result == "valid"), attrs)
 
     def _count_reasons(self, result: ValidityResult, route: str) -> None:
         reasons = self._c["semantic_health_output_failure_reasons"]

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from semhealth.agent import metrics as m
-from semhealth.agent.recorder import Recorder, RecorderSettings
+from semhealth.agent.recorder import ConsumeSample, Recorder, RecorderSettings
 from semhealth.agent.relevance import RelevanceStats
 from semhealth.agent.tap import TapStats
 from semhealth.embeddings.cache import CacheStats
@@ -154,6 +154,7 @@ class Telemetry:
         active_streams: Callable[[], int],
         relevance_stats: Callable[[], RelevanceStats | None] = lambda: None,
         cache_stats: Callable[[], CacheStats | None] = lambda: None,
+        consume_sample: ConsumeSample | None = None,
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
@@ -176,7 +177,9 @@ class Telemetry:
         )
         meter = self.provider.get_meter("semhealth.agent")
         self.instruments = m.Instruments(meter)
-        self.recorder = Recorder(self.instruments, settings.recorder)
+        self.recorder = Recorder(
+            self.instruments, settings.recorder, consume_sample=consume_sample
+        )
         self._observe_agent(meter, tap_stats, active_streams)
         self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats)
 

@@ -1,11 +1,27 @@
-"""The recorder's own rules: cardinality guard, rolling validity window, error classes."""
+"""The recorder's own rules: cardinality guard, rolling validity window, error classes,
+and the samples it hands the alert evaluator."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from semhealth.agent.recorder import OTHER, LabelGuard, RollingRatio, error_type
-from semhealth.collectors.record import RequestFacts, StreamRecord
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from semhealth.agent import metrics as m
+from semhealth.agent.recorder import (
+    OTHER,
+    LabelGuard,
+    Recorder,
+    RecorderSettings,
+    RollingRatio,
+    error_type,
+)
+from semhealth.alerts.sample import Sample
+from semhealth.alerts.signals import SIGNALS
+from semhealth.collectors.record import RequestFacts, StreamRecord, StructureRequest, Usage
+from semhealth.embeddings.relevance import RelevanceScores
 
 
 def _record(**fields: object) -> StreamRecord:
@@ -100,3 +116,84 @@ def test_rolling_ratio_can_be_read_from_another_thread_while_written() -> None:
     reader.join()
     assert errors == []
     assert sum(1 for _ in ratio.ratios(now=30.0)) == 50
+
+
+def _sampling_recorder() -> tuple[Recorder, list[Sample]]:
+    samples: list[Sample] = []
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()], views=m.views())
+    recorder = Recorder(
+        m.Instruments(provider.get_meter("test")),
+        RecorderSettings(),
+        wall_clock=lambda: 1_700_000_000.0,
+        consume_sample=samples.append,
+    )
+    return recorder, samples
+
+
+def _streamed_json_record(text: str) -> StreamRecord:
+    ms = 1_000_000
+    return _record(
+        request=RequestFacts(structure=(StructureRequest(kind="json_object"),)),
+        streamed=True,
+        done=True,
+        start_ns=0,
+        first_byte_ns=40 * ms,
+        first_delta_ns=50 * ms,
+        delta_ns=(50 * ms, 60 * ms, 80 * ms),
+        end_ns=100 * ms,
+        output_text=text,
+        usage=Usage(input_tokens=10, output_tokens=3),
+    )
+
+
+def test_each_recorded_signal_is_also_a_sample_for_the_alert_evaluator() -> None:
+    recorder, samples = _sampling_recorder()
+    recorder.consume_record(_streamed_json_record('{"a": 1}'))
+    by_name = {sample.name: sample.value for sample in samples}
+    assert by_name == pytest.approx(
+        {
+            "request_success_rate": 1.0,
+            "operation_duration": 0.1,
+            "time_to_first_chunk": 0.04,
+            "time_to_first_token": 0.05,
+            "time_per_output_token": 0.015,
+            "stream_continuity_index": 0.005,
+            "stream_max_gap": 0.02,
+            "model_output_validity_rate": 1.0,
+        }
+    )
+    assert {sample.t for sample in samples} == {1_700_000_000.0}
+
+
+def test_every_sample_names_a_signal_the_alerts_package_knows() -> None:
+    recorder, samples = _sampling_recorder()
+    recorder.consume_record(_streamed_json_record('{"a": 1}'))
+    recorder.record_relevance(
+        _record(),
+        RelevanceScores(context=0.8, answer=0.7, context_raw=0.5, answer_raw=0.4, chunks=1),
+    )
+    assert {sample.name for sample in samples} <= {signal.name for signal in SIGNALS}
+    assert {"context_relevance_score", "answer_relevance_score"} <= {s.name for s in samples}
+
+
+def test_an_invalid_output_is_a_zero_validity_sample() -> None:
+    recorder, samples = _sampling_recorder()
+    recorder.consume_record(_streamed_json_record('{"a": '))
+    assert [s.value for s in samples if s.name == "model_output_validity_rate"] == [0.0]
+
+
+def test_genai_samples_carry_the_short_label_names_with_the_conventions_values() -> None:
+    recorder, samples = _sampling_recorder()
+    recorder.consume_record(_streamed_json_record('{"a": 1}'))
+    (duration,) = [s for s in samples if s.name == "operation_duration"]
+    assert duration.labels == {
+        "route": "r", "model": "m", "provider": "openai", "prompt_class": "short"
+    }  # fmt: skip
+
+
+def test_samples_carry_no_text_from_the_exchange() -> None:
+    recorder, samples = _sampling_recorder()
+    canary = "CANARY-7f3a"
+    recorder.consume_record(_streamed_json_record(f'{{"secret": "{canary}"}}'))
+    assert samples
+    assert all(canary not in repr(sample) for sample in samples)

@@ -12,7 +12,7 @@ import re
 _UNITS = (("y", 365 * 86400.0), ("w", 7 * 86400.0), ("d", 86400.0), ("h", 3600.0),
           ("m", 60.0), ("s", 1.0), ("ms", 0.001))  # fmt: skip
 _SECONDS = dict(_UNITS)
-_PATTERN = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
+_PATTERN = re.compile(r"([0-9]+)(ms|y|w|d|h|m|s)")  # ASCII digits only, as Prometheus
 
 
 def parse_duration(text: str) -> float | None:
@@ -23,7 +23,7 @@ def parse_duration(text: str) -> float | None:
     if text == "0":
         return 0.0
     position = 0
-    total = 0.0
+    total_ms = 0  # whole milliseconds, so "13s931ms" is exactly 13.931, as format_duration wrote it
     last_rank = -1
     for match in _PATTERN.finditer(text):
         if match.start() != position:
@@ -32,11 +32,11 @@ def parse_duration(text: str) -> float | None:
         if rank <= last_rank:
             return None
         last_rank = rank
-        total += int(match.group(1)) * _SECONDS[match.group(2)]
+        total_ms += int(match.group(1)) * round(_SECONDS[match.group(2)] * 1000)
         position = match.end()
     if position != len(text) or not text:
         return None
-    return total
+    return total_ms / 1000
 
 
 def format_duration(seconds: float) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 
 _ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.DOTALL)
 _VALUE = re.compile(r"\$value$")
@@ -28,28 +29,30 @@ _PRINTF = re.compile(r'printf\s+"(%[-+ 0#]?\d*(?:\.\d+)?[defg])"\s+\$value$')
 
 
 def _go_float(value: float) -> str:
-    """Go's ``%v`` for a float64: shortest digits, exponent form below 1e-4 or from 1e21."""
+    """Go's ``%v`` for a float64: shortest digits; exponent form below 1e-4 or from 1e6
+    (strconv's ``'g'`` with the shortest precision decides at exponent 6)."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     if value == 0:
         return "0"
-    exponent = math.floor(math.log10(abs(value)))
-    if -4 <= exponent < 21:
-        text = repr(value)
-        if "e" in text:  # Python switches to exponent form at 1e16; Go does not until 1e21
-            text = f"{value:.0f}"
-        return text.removesuffix(".0")
-    mantissa, _, power = f"{value:e}".partition("e")
-    shortest = repr(value).partition("e")[0] if "e" in repr(value) else mantissa
-    sign = "-" if int(power) < 0 else "+"
-    return f"{shortest.rstrip('0').rstrip('.')}e{sign}{abs(int(power)):02d}"
+    # repr gives the shortest digits that round-trip, as Go's shortest formatting does.
+    shortest = Decimal(repr(value)).normalize()
+    _, digits, exponent = shortest.as_tuple()
+    text = "".join(map(str, digits))
+    point = len(text) + int(exponent) - 1  # exponent of the first digit; finite, so an int
+    if -4 <= point < 6:
+        return format(shortest, "f")
+    minus = "-" if value < 0 else ""
+    mantissa = text[0] + (f".{text[1:]}" if len(text) > 1 else "")
+    return f"{minus}{mantissa}e{'-' if point < 0 else '+'}{abs(point):02d}"
 
 
 def _g4(value: float) -> str:
     text = f"{value:.4g}"
-    return "NaN" if text == "nan" else text.replace("inf", "Inf")
+    # Go prints the sign of an infinity even without a + flag.
+    return {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}.get(text, text)
 
 
 def _scale_down(value: float) -> tuple[float, str]:

@@ -1,0 +1,45 @@
+"""Samples to windows to rules to Alertmanager, and the same rules for Prometheus.
+
+``Evaluator`` keeps bounded windows per rule group and steps each alert through
+Prometheus' states; ``Notifier`` delivers to Alertmanager's API v2; ``render_rules``
+writes the same rules as Prometheus rule groups. Rules come from ``load_rules``:
+the shipped defaults, overridden by name, plus the user's own.
+"""
+
+from semhealth.alerts.alertmanager import DeliveryStats, Notifier
+from semhealth.alerts.alertmanager import Settings as NotifierSettings
+from semhealth.alerts.errors import AlertsError, RuleError, RuleIssue
+from semhealth.alerts.evaluator import Evaluator, GroupStatus, RuleStatus
+from semhealth.alerts.evaluator import Stats as EvaluatorStats
+from semhealth.alerts.model import Alert, Baseline, Rule, Thresholds
+from semhealth.alerts.prometheus import render_rules, rule_groups
+from semhealth.alerts.rules import RULES_SCHEMA, default_rule_entries, load_rules, parse_rules
+from semhealth.alerts.sample import Sample
+from semhealth.alerts.signals import SIGNALS, Signal, signal_named
+
+__all__ = [
+    "RULES_SCHEMA",
+    "SIGNALS",
+    "Alert",
+    "AlertsError",
+    "Baseline",
+    "DeliveryStats",
+    "Evaluator",
+    "EvaluatorStats",
+    "GroupStatus",
+    "Notifier",
+    "NotifierSettings",
+    "Rule",
+    "RuleError",
+    "RuleIssue",
+    "RuleStatus",
+    "Sample",
+    "Signal",
+    "Thresholds",
+    "default_rule_entries",
+    "load_rules",
+    "parse_rules",
+    "render_rules",
+    "rule_groups",
+    "signal_named",
+]

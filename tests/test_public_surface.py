@@ -9,6 +9,13 @@ import sys
 import pytest
 
 SURFACE = {
+    "semhealth.alerts": {
+        "RULES_SCHEMA", "SIGNALS", "Alert", "AlertsError", "Baseline", "DeliveryStats",
+        "Evaluator", "EvaluatorStats", "GroupStatus", "Notifier", "NotifierSettings", "Rule",
+        "RuleError", "RuleIssue", "RuleStatus", "Sample", "Signal", "Thresholds",
+        "default_rule_entries", "load_rules", "parse_rules", "render_rules", "rule_groups",
+        "signal_named",
+    },
     "semhealth.agent": {"Agent", "Config", "ConfigError", "Settings", "default_config", "load_config"},
     "semhealth.collectors": {
         "Analysis", "Config", "Continuity", "DecodeError", "Decoder", "Exchange", "Extract",

@@ -60,7 +60,8 @@ def load(
     for where, bad_path, issue in schema_issues(doc.data, schema):
         doc.issues.append(doc.locate(where, issue))
         bad.append(bad_path)
-    config, routes = _build(_without(doc.data, bad))
+    config, routes = _build(_without(doc.data, bad), env)
+    _spare_key_variables(doc, config)
     for issue in _meaning(config, routes):
         where = parse_path(issue.path)
         # A value the schema rejected was replaced by its default; judging that default
@@ -69,6 +70,24 @@ def load(
             doc.issues.append(doc.locate(where, issue))
     issues = sorted(doc.issues, key=lambda i: (i.line is None, i.line or 0, i.column or 0))
     return config, issues
+
+
+def _spare_key_variables(doc: Document, config: Config) -> None:
+    """Drop the env layer's "unknown setting" for variables that ``api_key_env`` names.
+
+    A key's variable may well be called ``SEMHEALTH_TEI_KEY``: it holds a key, not a
+    setting, and the prefix must not make it an issue.
+    """
+    named = {
+        f"${encoder.remote.api_key_env}"
+        for encoder in config.relevance.embeddings.encoders
+        if encoder.remote.api_key_env is not None
+    }
+    doc.issues[:] = [
+        issue
+        for issue in doc.issues
+        if not (issue.source in named and issue.message == "unknown setting")
+    ]
 
 
 def _meaning(config: Config, routes: list[tuple[int, Route]]) -> list[ConfigIssue]:
@@ -124,8 +143,11 @@ def _fill(default: _D, data: Mapping[str, Any], **nested: Any) -> _D:
     return replace(default, **{k: v for k, v in data.items() if k in names}, **nested)
 
 
-def _build(data: dict[str, Any]) -> tuple[Config, list[tuple[int, Route]]]:
-    """The dataclasses from a schema-clean document, with routes paired with their indices."""
+def _build(data: dict[str, Any], env: Mapping[str, str]) -> tuple[Config, list[tuple[int, Route]]]:
+    """The dataclasses from a schema-clean document, with routes paired with their indices.
+
+    ``env`` gives the values of the variables the document names (remote encoders' keys).
+    """
     upstream = _section(data, "upstream")
     listen = _section(data, "listen")
     routes = [
@@ -150,7 +172,7 @@ def _build(data: dict[str, Any]) -> tuple[Config, list[tuple[int, Route]]]:
         collectors=collectors,
         log=_fill(Log(), _section(data, "log")),
         telemetry=_build_telemetry(_section(data, "telemetry")),
-        relevance=_build_relevance(_section(data, "relevance")),
+        relevance=_build_relevance(_section(data, "relevance"), env),
     )
     return config, routes if "routes" in data else []
 
@@ -183,7 +205,7 @@ def _build_telemetry(telemetry: dict[str, Any]) -> Telemetry:
     )
 
 
-def _build_relevance(relevance: dict[str, Any]) -> Relevance:
+def _build_relevance(relevance: dict[str, Any], env: Mapping[str, str]) -> Relevance:
     defaults = embeddings_config.default_config()
     encoders = relevance.get("encoders")
     embeddings = _fill(
@@ -192,13 +214,22 @@ def _build_relevance(relevance: dict[str, Any]) -> Relevance:
         encoders=defaults.encoders
         if not isinstance(encoders, list)
         # A rejected item is None here (see _without); it is left out, its issue already said.
-        else tuple(_build_encoder(item) for item in encoders if isinstance(item, dict)),
+        else tuple(_build_encoder(item, env) for item in encoders if isinstance(item, dict)),
     )
     return _fill(Relevance(), relevance, embeddings=embeddings)
 
 
-def _build_encoder(item: dict[str, Any]) -> embeddings_config.Encoder:
-    return _nested(embeddings_config.Encoder(), item)
+def _build_encoder(item: dict[str, Any], env: Mapping[str, str]) -> embeddings_config.Encoder:
+    encoder = _nested(embeddings_config.Encoder(), item)
+    remote = encoder.remote
+    if remote.api_key_env is None:
+        return encoder
+    # Read here, once, like every other variable; an unset one stays None for validate()
+    # to report by name. Surrounding whitespace is never part of a key, and a Secret made
+    # from a file often ends in a newline.
+    value = env.get(remote.api_key_env)
+    key = None if value is None else value.strip()
+    return replace(encoder, remote=replace(remote, api_key=key))
 
 
 def _nested(default: _D, data: Mapping[str, Any]) -> _D:

@@ -6,12 +6,16 @@ subclass says only where to POST, what to send and where the rows are in the ans
 ``BackendError`` here, once: timeouts, connection failures, 408, 429 and 5xx are
 retryable; other 4xx answers and answers of the wrong shape are permanent. Messages carry
 statuses, counts and sizes; never the texts, and never the body, which may echo them.
+
+A server behind a bearer token gets the backend's ``api_key`` as ``Authorization: Bearer``
+on every request; the key lives only in the session's default headers and is never in a
+message, a log line or a ``repr()``. A 401 or 403 says whether a key was sent.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -28,6 +32,7 @@ MAX_RESPONSE_BYTES = 128 * 1024 * 1024  # 2048 rows of 1536 floats are about 60 
 # What ``connect`` embeds to learn the width of the vectors: never a user's text.
 PROBE_TEXT = "semhealth dimension probe"
 _RETRYABLE_STATUSES = frozenset({408, 425, 429})
+_AUTH_STATUSES = frozenset({401, 403})
 
 
 class HttpBackend(abc.ABC):
@@ -37,7 +42,8 @@ class HttpBackend(abc.ABC):
     with at most ``max_connections`` connections and ``timeout_s`` per request. A call of
     more than ``max_inputs`` texts is sent as several requests, in order; the batcher's
     workers give concurrency. ``dim`` is 0 until ``connect()`` or the first answer tells it,
-    unless it is given; afterwards every answer must have that width.
+    unless it is given; afterwards every answer must have that width. ``api_key``, when
+    given, goes on every request as ``Authorization: Bearer``.
     """
 
     def __init__(
@@ -49,16 +55,20 @@ class HttpBackend(abc.ABC):
         timeout_s: float,
         max_connections: int,
         max_inputs: int,
-        headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         _check_settings(base_url, dim, timeout_s, max_connections, max_inputs)
+        if api_key is not None and not api_key.isprintable():
+            # Said without the key: a header cannot hold it, and the message may be logged.
+            raise ValueError("api_key holds a line break or another control character")
         self.name = name
         self.dim = dim or 0
         self.max_inputs = max_inputs
         self._base = URL(base_url.rstrip("/"))
         self._timeout_s = timeout_s
         self._max_connections = max_connections
-        self._headers = {"User-Agent": "semhealth", **(headers or {})}
+        self._headers = _headers(api_key)
+        self._keyed = bool(api_key)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -128,7 +138,7 @@ class HttpBackend(abc.ABC):
                 if response.status == 404 and method == "GET":
                     return _MISSING
                 if response.status >= 400:
-                    raise _status_error(self.name, path, response.status, count)
+                    raise _status_error(self.name, path, response.status, count, self._keyed)
                 raw = await _read_capped(response, MAX_RESPONSE_BYTES)
         except BackendError:
             raise
@@ -198,11 +208,25 @@ def is_retryable_status(status: int) -> bool:
     return status >= 500 or status in _RETRYABLE_STATUSES
 
 
-def _status_error(name: str, path: str, status: int, count: int) -> BackendError:
+def _status_error(name: str, path: str, status: int, count: int, keyed: bool) -> BackendError:
+    hint = ""
+    if status in _AUTH_STATUSES:
+        hint = (
+            ": the server refused the API key sent; check the variable remote.api_key_env names"
+            if keyed
+            else ": no API key was sent; name the variable that holds it in remote.api_key_env"
+        )
     return BackendError(
-        f"{name}: {path} answered HTTP {status} for {count} texts",
+        f"{name}: {path} answered HTTP {status} for {count} texts{hint}",
         retryable=is_retryable_status(status),
     )
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"User-Agent": "semhealth"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
 
 
 def _translate(exc: Exception, name: str, path: str, count: int) -> BackendError:

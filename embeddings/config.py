@@ -12,6 +12,7 @@ Japanese or Korean text to the second, so Chinese scores well without the user c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -20,12 +21,14 @@ from semhealth.embeddings.errors import ConfigIssue
 DEVICES = ("auto", "cpu", "cuda")
 REMOTE_BACKENDS = ("scorer", "tei", "openai")  # embedded elsewhere; settings under remote
 BACKENDS = ("local", "use", *REMOTE_BACKENDS)
+KEYED_BACKENDS = ("tei", "openai")  # remote backends that can send a bearer API key
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 USE_MODEL = "use-multilingual-v3"  # the USE backend's name: it keys the cache and the calibration
 DEFAULT_ENCODER = "default"
 MULTILINGUAL_ENCODER = "multilingual"
 DEFAULT_CACHE_ENTRIES = 8192  # 8192 x 384 float32 is 12 MiB
 MAX_FLUSH_TIMEOUT_S = 1.0  # "a few milliseconds": past a second a caller's wait dominates
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what a shell can export
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,17 +119,26 @@ class Remote:
     ``model`` is what the server is asked for: the served encoder's name for a scorer
     (empty: this encoder's own name), the model for an OpenAI-compatible API (required);
     a TEI server serves one model and ignores it.
+
+    A tei or openai server behind a bearer token gets ``api_key`` as
+    ``Authorization: Bearer``. The YAML names only the variable that holds it
+    (``api_key_env``); the agent's config loader, the one reader of the environment, puts
+    its value in ``api_key`` (None: the variable is not set). The key is kept out of
+    ``repr()`` and of every issue's message.
     """
 
     url: str = ""
     model: str = ""
     timeout_s: float = 5.0  # per call: past it the batch fails and is retried or dropped
     max_connections: int = 8  # HTTP connections kept open (tei, openai); gRPC multiplexes one
+    api_key_env: str | None = None  # the NAME of the variable holding the key; None: no key
+    api_key: str | None = field(default=None, repr=False)
 
     def validate(self, backend: str) -> list[ConfigIssue]:
         issues = [
             *_remote_url(backend, self.url),
             *_at_least("max_connections", self.max_connections, 1),
+            *_api_key(backend, self.api_key_env, self.api_key),
         ]
         if backend == "openai" and not self.model.strip():
             issues.append(
@@ -301,6 +313,56 @@ def _remote_url(backend: str, url: str) -> list[ConfigIssue]:
             # Not quoted: a base URL may carry credentials.
             "url is not an http:// or https:// URL with a host",
             f"give the {backend} server's base URL, such as http://127.0.0.1:8080",
+        )
+    ]
+
+
+def _api_key(backend: str, variable: str | None, key: str | None) -> list[ConfigIssue]:
+    # No message quotes the key, and none quotes api_key_env unless it is a variable's name:
+    # a key pasted there by mistake must not be printed by `semhealth config check`.
+    if variable is None:
+        return _api_key_value(key)
+    if not _ENV_NAME.fullmatch(variable):
+        return [
+            ConfigIssue(
+                "api_key_env",
+                "api_key_env is not the name of an environment variable",
+                "name the variable that holds the key, such as TEI_API_KEY; "
+                "never write the key itself in the file",
+            )
+        ]
+    if backend not in KEYED_BACKENDS:
+        return [
+            ConfigIssue(
+                "api_key_env",
+                f"the {backend} backend sends no API key",
+                f"remove api_key_env; only {' and '.join(KEYED_BACKENDS)} servers take one",
+            )
+        ]
+    if key is None or not key.strip():
+        state = "is not set" if key is None else "is empty"
+        return [
+            ConfigIssue(
+                "api_key_env",
+                f"environment variable {variable}, named by api_key_env, {state}",
+                f"set {variable} to the server's API key in the agent's environment (for "
+                "example from a Kubernetes Secret), or remove api_key_env if the server "
+                "takes no key",
+            )
+        ]
+    return _api_key_value(key, variable)
+
+
+def _api_key_value(key: str | None, variable: str | None = None) -> list[ConfigIssue]:
+    # A line break or other control character cannot go in an HTTP header.
+    if key is None or key.isprintable():
+        return []
+    source = f"environment variable {variable}" if variable else "api_key"
+    return [
+        ConfigIssue(
+            "api_key_env" if variable else "api_key",
+            f"the API key in {source} holds a line break or another control character",
+            "set it to the key alone, on one line",
         )
     ]
 

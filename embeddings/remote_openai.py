@@ -43,7 +43,6 @@ class OpenAICompatibleBackend(HttpBackend):
     ) -> None:
         if not model.strip():
             raise ValueError("model is empty: name the model the server serves")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         super().__init__(
             base_url,
             name=name or model,
@@ -51,7 +50,7 @@ class OpenAICompatibleBackend(HttpBackend):
             timeout_s=timeout_s,
             max_connections=max_connections,
             max_inputs=max_inputs,
-            headers=headers,
+            api_key=api_key,
         )
         self.model = model
 

@@ -41,7 +41,6 @@ class TEIBackend(HttpBackend):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_inputs: int = DEFAULT_MAX_INPUTS,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         super().__init__(
             base_url,
             name=name or display_url(base_url),
@@ -49,7 +48,7 @@ class TEIBackend(HttpBackend):
             timeout_s=timeout_s,
             max_connections=max_connections,
             max_inputs=max_inputs,
-            headers=headers,
+            api_key=api_key,
         )
         self.truncate = truncate
 

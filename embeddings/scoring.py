@@ -329,6 +329,7 @@ def _remote_backend(encoder: Encoder) -> RemoteScorerBackend | TEIBackend | Open
         return TEIBackend(
             remote.url,
             name=encoder.name,
+            api_key=remote.api_key,
             timeout_s=remote.timeout_s,
             max_connections=remote.max_connections,
         )
@@ -336,6 +337,7 @@ def _remote_backend(encoder: Encoder) -> RemoteScorerBackend | TEIBackend | Open
         remote.url,
         remote.model,
         name=encoder.name,
+        api_key=remote.api_key,
         timeout_s=remote.timeout_s,
         max_connections=remote.max_connections,
     )

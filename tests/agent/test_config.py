@@ -754,7 +754,12 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "backend": encoder.backend,
         **{f"local.{k}": v for k, v in dataclasses.asdict(encoder.local).items()},
         **{f"use.{k}": v for k, v in dataclasses.asdict(encoder.use).items()},
-        **{f"remote.{k}": v for k, v in dataclasses.asdict(encoder.remote).items()},
+        # The key itself is read from the variable api_key_env names, never from the file.
+        **{
+            f"remote.{k}": v
+            for k, v in dataclasses.asdict(encoder.remote).items()
+            if k != "api_key"
+        },
         **{f"batching.{k}": v for k, v in dataclasses.asdict(encoder.batching).items()},
     }
     return {

@@ -1,0 +1,187 @@
+"""``semhealth scorer`` run as a user runs it: a process, a config file, a loopback port.
+
+The scorer serves multilingual USE (numpy, the cheapest real encoder to load). A test waits
+for the standard gRPC health service to report SERVING, as a Kubernetes probe would, then
+scores through ``RemoteScorerBackend`` (what a sidecar with ``backend: scorer`` builds) and
+compares with the same encoder run in this process. SIGTERM must stop it with status 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc  # type: ignore[import-untyped]
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+
+from semhealth.embeddings.config import USE_MODEL
+from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+from semhealth.embeddings.use import UseBackend
+from tests.embeddings.loopback import TEXTS, assert_same_scores, relevance_cases
+
+ENCODER = "multilingual"
+START_S = 60.0  # loading USE takes a few seconds; a loaded CI machine can take many more
+STOP_S = 10.0  # "a few seconds" for SIGTERM, with room for a slow machine
+SERVING = health_pb2.HealthCheckResponse.SERVING
+CONFIG = textwrap.dedent(
+    f"""\
+    relevance:
+      encoder: {ENCODER}
+      route_cjk_to: null
+      encoders:
+        - name: {ENCODER}
+          backend: use
+          use: {{threads: 2}}
+    """
+)
+
+
+@dataclass
+class Scorer:
+    process: subprocess.Popen[bytes]
+    target: str  # HOST:PORT
+    log: Path  # the process's stderr
+
+    def stderr(self) -> str:
+        return self.log.read_text("utf-8", errors="replace")
+
+
+def free_port() -> int:
+    """A loopback port free a moment ago (bound, then released for the scorer to take)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def start_scorer(folder: Path) -> Scorer:
+    config = folder / "semhealth.yaml"
+    config.write_text(CONFIG, "utf-8")
+    target = f"127.0.0.1:{free_port()}"
+    log = folder / "scorer.log"
+    command = [sys.executable, "-m", "semhealth.agent.cli", "scorer"]
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            [*command, "--listen", target, "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    return Scorer(process, target, log)
+
+
+def stop(scorer: Scorer) -> None:
+    if scorer.process.poll() is None:
+        scorer.process.kill()
+        scorer.process.wait(STOP_S)
+
+
+def health(target: str) -> int | None:
+    """The scorer's overall health, or None while nothing answers on ``target``."""
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            answer = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        except grpc.RpcError:
+            return None
+    status: int = answer.status
+    return status
+
+
+def wait_serving(scorer: Scorer) -> list[int | None]:
+    """Poll the health service, as a readiness probe does, until SERVING; return every
+    status seen on the way (None: nothing answered yet)."""
+    seen: list[int | None] = []
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        if scorer.process.poll() is not None:
+            raise AssertionError(f"the scorer exited early:\n{scorer.stderr()[-2000:]}")
+        seen.append(health(scorer.target))
+        if seen[-1] == SERVING:
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"the scorer was not SERVING after {START_S:g} s: saw {set(seen)}")
+
+
+@dataclass
+class Serving:
+    scorer: Scorer
+    seen: list[int | None]  # health statuses polled until SERVING
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
+    """One scorer for the tests that only talk to it: each start loads the model again."""
+    running = start_scorer(tmp_path_factory.mktemp("scorer"))
+    try:
+        yield Serving(running, wait_serving(running))
+    finally:
+        stop(running)
+
+
+@pytest.fixture
+def scorer(tmp_path: Path) -> Iterator[Scorer]:
+    running = start_scorer(tmp_path)
+    try:
+        yield running
+    finally:
+        stop(running)
+
+
+@pytest.fixture(scope="module")
+def use() -> UseBackend:
+    return UseBackend(2)
+
+
+def test_health_turns_serving_once_the_encoder_is_loaded(serving: Serving) -> None:
+    assert serving.seen[-1] == SERVING
+    # Before that, nothing answered yet or the model was still loading.
+    assert set(serving.seen[:-1]) <= {None, health_pb2.HealthCheckResponse.NOT_SERVING}
+    assert serving.scorer.process.poll() is None
+
+
+async def test_remote_scores_match_the_in_process_encoder(
+    serving: Serving, use: UseBackend
+) -> None:
+    remote = RemoteScorerBackend(serving.scorer.target, ENCODER, timeout_s=10.0)
+    try:
+        info = await remote.connect()
+        assert (info.model, info.dim) == (USE_MODEL, use.dim)
+        np.testing.assert_allclose(await remote.embed(TEXTS), await use.embed(TEXTS), atol=1e-5)
+        await assert_same_scores(remote, use, relevance_cases(4))
+    finally:
+        await remote.aclose()
+
+
+def test_sigterm_stops_the_scorer_with_status_0(scorer: Scorer) -> None:
+    wait_serving(scorer)
+    scorer.process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert scorer.process.wait(STOP_S) == 0, scorer.stderr()[-2000:]
+    assert time.monotonic() - started < STOP_S
+    assert "Traceback" not in scorer.stderr()
+    assert health(scorer.target) is None  # the port is closed, not left half-open
+
+
+def test_a_listen_address_that_is_not_host_port_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(CONFIG, "utf-8")
+    command = [sys.executable, "-m", "semhealth.agent.cli", "scorer", "--listen", "nowhere"]
+    result = subprocess.run(
+        [*command, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--listen 'nowhere' is not HOST:PORT" in result.stderr

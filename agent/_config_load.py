@@ -25,6 +25,8 @@ from semhealth.agent.config import (
     OTLP,
     TLS,
     Address,
+    Alertmanager,
+    Alerts,
     Config,
     Listen,
     Log,
@@ -173,6 +175,7 @@ def _build(data: dict[str, Any], env: Mapping[str, str]) -> tuple[Config, list[t
         log=_fill(Log(), _section(data, "log")),
         telemetry=_build_telemetry(_section(data, "telemetry")),
         relevance=_build_relevance(_section(data, "relevance"), env),
+        alerts=_build_alerts(_section(data, "alerts")),
     )
     return config, routes if "routes" in data else []
 
@@ -202,6 +205,23 @@ def _build_telemetry(telemetry: dict[str, Any]) -> Telemetry:
         telemetry,
         resource_attributes=_pairs(_section(telemetry, "resource_attributes")),
         otlp=_fill(OTLP(), otlp, headers=_pairs(_section(otlp, "headers"), lower=True)),
+    )
+
+
+def _build_alerts(alerts: dict[str, Any]) -> Alerts:
+    rules = alerts.get("rules")
+    return _fill(
+        Alerts(),
+        alerts,
+        # A rule entry the schema rejected is None here (see _without): load_rules() reports
+        # it at its index, which the loader then drops as already said.
+        rules=tuple(rules) if isinstance(rules, list) else (),
+        rule_files=tuple(alerts.get("rule_files", ())),
+        alertmanager=_fill(
+            Alertmanager(),
+            _section(alerts, "alertmanager"),
+            urls=tuple(u for u in _section(alerts, "alertmanager").get("urls", ()) if u),
+        ),
     )
 
 

@@ -1,4 +1,4 @@
-"""Admin endpoints: liveness, readiness and metrics, on their own listener.
+"""Admin endpoints: liveness, readiness, metrics and alerts, on their own listener.
 
 They live apart from the proxy so that a scrape or a probe never shares a
 port, a path space or a queue with the application's traffic.
@@ -18,6 +18,7 @@ def build_admin_app(
     *,
     ready: Callable[[], bool],
     render_metrics: Callable[[], bytes],
+    render_alerts: Callable[[], bytes] | None = None,
 ) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -33,8 +34,17 @@ def build_admin_app(
         response.headers["Content-Type"] = CONTENT_TYPE
         return response
 
+    async def alerts(_request: web.Request) -> web.Response:
+        if render_alerts is None:
+            body = b'{"enabled": false, "reason": "alerts.enabled is false"}\n'
+            return web.Response(status=404, body=body, content_type="application/json")
+        # Many groups make a large document; render it off the loop, like /metrics.
+        body = await asyncio.to_thread(render_alerts)
+        return web.Response(body=body, content_type="application/json")
+
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/alerts", alerts)
     return app

@@ -2,8 +2,9 @@
 runs them under one lifecycle.
 
 Start is downstream-first (telemetry, the relevance scorer, tap, upstream
-session, admin, then the proxy listener that lets traffic in); shutdown is
-upstream-first and shares one deadline, reporting every failure together.
+session, admin, alert evaluation and delivery, then the proxy listener that
+lets traffic in); shutdown is upstream-first and shares one deadline,
+reporting every failure together.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 from aiohttp import web
 
 from semhealth.agent.admin import build_admin_app
+from semhealth.agent.alerting import AlertingStage
+from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.config import Address, Config, Relevance
 from semhealth.agent.contracts import load_contracts
 from semhealth.agent.errors import RelevanceStartError
@@ -88,6 +91,26 @@ def telemetry_settings(config: Config) -> TelemetrySettings:
             max_label_values=telemetry.max_label_values,
             contracts=load_contracts(config.collectors.routes),
         ),
+    )
+
+
+def alerting_settings(config: Config) -> AlertingSettings:
+    """The alert rules in force and where they page; the config was validated, so the
+    rules load."""
+    alerts = config.alerts
+    resource = dict(config.telemetry.resource_attributes)
+    # The downward API's pod and namespace, as the labels Alertmanager routes on.
+    external = {
+        "pod": resource.get("k8s.pod.name", ""),
+        "namespace": resource.get("k8s.namespace.name", ""),
+    }
+    return AlertingSettings(
+        rules=alerts.load_rules(),
+        alertmanagers=alerts.alertmanager.urls,
+        interval_s=alerts.evaluation_interval_s,
+        resend_delay_s=alerts.resend_delay_s,
+        timeout_s=alerts.alertmanager.timeout_s,
+        external_labels={name: value for name, value in external.items() if value},
     )
 
 
@@ -168,12 +191,17 @@ class Agent:
         self.relevance: RelevanceStage | None = None  # set by start() when scoring runs
         self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
         self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
+        alerting = self.alerting = (
+            AlertingStage(alerting_settings(config)) if config.alerts.enabled else None
+        )
         self.telemetry = Telemetry(
             self._settings.telemetry or telemetry_settings(config),
             tap_stats=stats,
             active_streams=lambda: proxy.active_streams if proxy is not None else 0,
             relevance_stats=lambda: self.relevance.stats if self.relevance is not None else None,
             cache_stats=lambda: _cache_stats(self._batchers),
+            consume_sample=alerting.observe if alerting is not None else None,
+            alerting_stats=alerting.stats if alerting is not None else lambda: None,
         )
         self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
         self.tap = Tap(
@@ -268,12 +296,17 @@ class Agent:
             await self.tap.start()
             await self.proxy.start()
             admin = build_admin_app(
-                ready=self.ready, render_metrics=self.telemetry.render_prometheus
+                ready=self.ready,
+                render_metrics=self.telemetry.render_prometheus,
+                render_alerts=self.alerting.status_json if self.alerting is not None else None,
             )
             self._admin_runner = web.AppRunner(
                 admin, access_log=None, handle_signals=False, shutdown_timeout=1.0
             )
             self.admin_address = await _listen(self._admin_runner, self._config.listen.admin)
+            if self.alerting is not None:
+                base = self._config.alerts.external_url or self.admin_url
+                await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
             server = web.Server(self.proxy.handle, handler_cancellation=True, access_log=None)
             # In-flight exchanges get most of the shutdown deadline to finish.
             self._proxy_runner = web.ServerRunner(
@@ -314,6 +347,10 @@ class Agent:
         await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
         # After the tap: its last records may still be handed to the stage.
         await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
+        if self.alerting is not None:
+            # Last alerts out (a resolve included) within the deadline; no new evaluations.
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("alerting", self.alerting.shutdown(remaining / 2))
         admin_runner, self._admin_runner = self._admin_runner, None
         if admin_runner is not None:
             await step("admin listener", admin_runner.cleanup())

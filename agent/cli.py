@@ -1,4 +1,5 @@
-"""``semhealth`` command line: run, demo, score, calibrate, scorer, config check, config schema.
+"""``semhealth`` command line: run, demo, score, calibrate, scorer, config check/schema,
+rules export/defaults.
 
 ``score``, ``calibrate`` and ``scorer`` read only the ``relevance:`` section of the
 configuration and build the same scorer as the sidecar. They import the embedding
@@ -25,6 +26,7 @@ from semhealth.agent.config import (
     ConfigError,
     Relevance,
     check_config_file,
+    load_alerts,
     load_config,
     load_relevance,
     schema_text,
@@ -108,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a configuration file")
     check.add_argument("file", metavar="FILE")
     config_commands.add_parser("schema", help="print the configuration's JSON Schema")
+
+    rules = commands.add_parser("rules", help="the alert rules: export them for Prometheus")
+    rules_commands = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
+    export = rules_commands.add_parser(
+        "export",
+        help="write the rules in force (defaults + alerts: in the config) as Prometheus rules",
+    )
+    export.add_argument("--config", metavar="FILE", help="YAML configuration (alerts:)")
+    export.add_argument("--format", choices=("prometheus",), default="prometheus")
+    export.add_argument("-o", "--output", default="-", metavar="OUT", help="YAML, - for stdout")
+    rules_commands.add_parser("defaults", help="print the shipped default rules (YAML)")
     return parser
 
 
@@ -119,6 +132,12 @@ def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
         help="admin listen address (/healthz, /readyz, /metrics)",
     )
     parser.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--alertmanager",
+        action="append",
+        metavar="URL",
+        help="Alertmanager base URL to page (repeatable; replaces alerts.alertmanager.urls)",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -127,6 +146,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
         "listen.proxy": args.listen,
         "listen.admin": args.admin_listen,
         "log.level": args.log_level,
+        "alerts.alertmanager.urls": args.alertmanager,
     }
     return {key: value for key, value in pairs.items() if value is not None}
 
@@ -321,6 +341,24 @@ def _config_check(path: str) -> int:
     return 1
 
 
+# -- rules -------------------------------------------------------------------------------------
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from semhealth.alerts.prometheus import render_rules
+    from semhealth.alerts.rules import default_rules_text
+
+    if args.rules_command == "defaults":
+        sys.stdout.write(default_rules_text())
+        return 0
+    alerts = load_alerts(args.config, os.environ)
+    source = args.config or "the shipped default rules"
+    text = render_rules(alerts.load_rules(), source=source)
+    with _output(args.output) as out:
+        out.write(text)
+    return 0
+
+
 def _run_async(main: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
@@ -338,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.write(schema_text())
                 return 0
             return _config_check(args.file)
+        if args.command == "rules":
+            return _rules(args)
         commands = {
             "run": _run,
             "demo": _demo,

@@ -18,13 +18,16 @@ loading machinery lives in the private ``_config_*`` modules.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Literal
 
 from semhealth.agent import _config_checks as checks
 from semhealth.agent.errors import ConfigError, ConfigIssue
+from semhealth.alerts.errors import RuleError
+from semhealth.alerts.model import Rule
+from semhealth.alerts.rules import load_rules
 from semhealth.collectors import config as collectors_config
 from semhealth.embeddings import config as embeddings_config
 
@@ -37,6 +40,8 @@ __all__ = [
     "RELEVANCE_ENABLED",
     "TLS",
     "Address",
+    "Alertmanager",
+    "Alerts",
     "Config",
     "ConfigError",
     "ConfigIssue",
@@ -48,6 +53,7 @@ __all__ = [
     "Upstream",
     "check_config_file",
     "default_config",
+    "load_alerts",
     "load_config",
     "load_relevance",
     "schema_text",
@@ -341,6 +347,64 @@ class Relevance:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Alertmanager:
+    urls: tuple[str, ...] = ()  # base URLs; alerts go to <url>/api/v2/alerts
+    timeout_s: float = 10.0  # per POST
+
+    def validate(self) -> list[ConfigIssue]:
+        # The schema checks the URLs' shape.
+        return checks.positive("timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alerts:
+    """Alert rules evaluated in the agent, and the Alertmanagers they page.
+
+    The rules are the shipped defaults (``default_rules``), changed or extended by
+    ``rules`` (entries written in this file) and then by each of ``rule_files``, in the
+    format of ``semhealth.alerts`` (``rule.schema.json``).
+    """
+
+    enabled: bool = True
+    evaluation_interval_s: float = 15.0
+    resend_delay_s: float = 60.0  # Prometheus' default: firing alerts are sent again this often
+    default_rules: bool = True
+    rules: tuple[object, ...] = ()  # rule entries as written; load_rules() judges them
+    rule_files: tuple[str, ...] = ()
+    external_url: str | None = None  # base of generatorURL; None: the admin listener's URL
+    alertmanager: Alertmanager = field(default_factory=Alertmanager)
+
+    def load_rules(self) -> tuple[Rule, ...]:
+        """The rules in force; raises ``RuleError`` listing every issue."""
+        return load_rules(defaults=self.default_rules, entries=self.rules, files=self.rule_files)
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.positive("evaluation_interval_s", self.evaluation_interval_s)
+        issues += checks.positive("resend_delay_s", self.resend_delay_s)
+        issues += checks.under("alertmanager", self.alertmanager.validate())
+        try:
+            self.load_rules()
+        except RuleError as exc:
+            issues += _rule_issues(exc, self.rule_files)
+        return issues
+
+
+def _rule_issues(error: RuleError, files: Sequence[str]) -> list[ConfigIssue]:
+    """Rule issues as config issues: entries of this file keep their path
+    (``rules[2].threshold``); those of a rules file point at ``rule_files[k]``."""
+    out = []
+    for issue in error.issues:
+        index = next((k for k, f in enumerate(files) if issue.path.startswith(f)), None)
+        if index is None:
+            out.append(ConfigIssue(issue.path, issue.message, issue.fix))
+        else:
+            out.append(
+                ConfigIssue(f"rule_files[{index}]", f"{issue.path}: {issue.message}", issue.fix)
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     upstream: Upstream = field(default_factory=Upstream)
     listen: Listen = field(default_factory=Listen)
@@ -348,6 +412,7 @@ class Config:
     log: Log = field(default_factory=Log)
     telemetry: Telemetry = field(default_factory=Telemetry)
     relevance: Relevance = field(default_factory=Relevance)
+    alerts: Alerts = field(default_factory=Alerts)
 
     def validate(self) -> list[ConfigIssue]:
         return (
@@ -357,6 +422,7 @@ class Config:
             + checks.under("log", self.log.validate())
             + checks.under("telemetry", self.telemetry.validate())
             + checks.under("relevance", self.relevance.validate())
+            + checks.under("alerts", self.alerts.validate())
         )
 
 
@@ -406,6 +472,16 @@ def load_relevance(path: str | None, env: Mapping[str, str]) -> Relevance:
     if own:
         raise ConfigError(own)
     return config.relevance
+
+
+def load_alerts(path: str | None, env: Mapping[str, str]) -> Alerts:
+    """The ``alerts:`` section alone, for ``semhealth rules``; raise ``ConfigError`` for its
+    issues and the file's (``upstream.url`` need not be set)."""
+    config, issues = _load(path, env, {})
+    own = [issue for issue in issues if issue.path.split(".")[0] in ("", "alerts")]
+    if own:
+        raise ConfigError(own)
+    return config.alerts
 
 
 def check_config_file(path: str, env: Mapping[str, str]) -> list[ConfigIssue]:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from semhealth.agent import metrics as m
+from semhealth.agent.alerting import AlertingStats
 from semhealth.agent.recorder import ConsumeSample, Recorder, RecorderSettings
 from semhealth.agent.relevance import RelevanceStats
 from semhealth.agent.tap import TapStats
@@ -155,6 +156,7 @@ class Telemetry:
         relevance_stats: Callable[[], RelevanceStats | None] = lambda: None,
         cache_stats: Callable[[], CacheStats | None] = lambda: None,
         consume_sample: ConsumeSample | None = None,
+        alerting_stats: Callable[[], AlertingStats | None] = lambda: None,
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
@@ -177,11 +179,10 @@ class Telemetry:
         )
         meter = self.provider.get_meter("semhealth.agent")
         self.instruments = m.Instruments(meter)
-        self.recorder = Recorder(
-            self.instruments, settings.recorder, consume_sample=consume_sample
-        )
+        self.recorder = Recorder(self.instruments, settings.recorder, consume_sample=consume_sample)
         self._observe_agent(meter, tap_stats, active_streams)
-        self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats)
+        self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats, alerting_stats)
+        self._observe_alerting(meter, alerting_stats)
 
     def _observe_agent(
         self, meter: Any, stats: TapStats, active_streams: Callable[[], int]
@@ -243,12 +244,20 @@ class Telemetry:
         tap: TapStats,
         relevance: Callable[[], RelevanceStats | None],
         cache: Callable[[], CacheStats | None],
+        alerting: Callable[[], AlertingStats | None],
     ) -> None:
         """Relevance and embedding counters; zero while scoring is off, so series never vanish."""
 
         def dropped() -> dict[str, int]:
             stats = relevance()
-            return {"tap": tap.chunks_dropped, "relevance": stats.dropped if stats else 0}
+            alerts = alerting()
+            return {
+                "tap": tap.chunks_dropped,
+                "relevance": stats.dropped if stats else 0,
+                # Samples the evaluator never saw: its buffer was full, or a rule held its
+                # maximum of groups.
+                "alerts": alerts.samples_shed + alerts.evaluator.groups_dropped if alerts else 0,
+            }
 
         meter.create_observable_counter(
             "semhealth_dropped",
@@ -280,6 +289,65 @@ class Telemetry:
             [_observe_by("reason", lambda: _skipped(relevance()))],
             description="Streams not scored, by reason: sampled_out, no_query, "
             "nothing_to_compare, incomplete, error_response.",
+        )
+
+    def _observe_alerting(self, meter: Any, alerting: Callable[[], AlertingStats | None]) -> None:
+        """Alert states and delivery; absent while alerting is off."""
+
+        def alerts(_options: CallbackOptions) -> Sequence[Observation]:
+            stats = alerting()
+            if stats is None:
+                return []
+            return [
+                Observation(stats.pending, {"state": "pending"}),
+                Observation(stats.firing, {"state": "firing"}),
+            ]
+
+        def delivered(_options: CallbackOptions) -> Sequence[Observation]:
+            stats = alerting()
+            out = []
+            for target in stats.deliveries if stats else ():
+                outcomes = {
+                    "sent": target.sent,
+                    "failed": target.errors,
+                    "dropped": target.dropped - target.errors,
+                }
+                out += [
+                    Observation(count, {"alertmanager": target.url, "outcome": outcome})
+                    for outcome, count in outcomes.items()
+                ]
+            return out
+
+        def queued(_options: CallbackOptions) -> Sequence[Observation]:
+            stats = alerting()
+            return [
+                Observation(target.queue_length, {"alertmanager": target.url})
+                for target in (stats.deliveries if stats else ())
+            ]
+
+        def failures(_options: CallbackOptions) -> Sequence[Observation]:
+            stats = alerting()
+            return [Observation(stats.evaluation_failures)] if stats else []
+
+        meter.create_observable_up_down_counter(
+            "semhealth_alerts", [alerts], description="Alerts pending and firing now, by state."
+        )
+        meter.create_observable_counter(
+            "semhealth_alertmanager_alerts",
+            [delivered],
+            description="Alerts for each Alertmanager by outcome: sent (accepted), failed "
+            "(given up after failed POSTs; resent later while firing), dropped (queue full, "
+            "shutdown).",
+        )
+        meter.create_observable_up_down_counter(
+            "semhealth_alertmanager_queue_length",
+            [queued],
+            description="Alerts waiting to be sent to each Alertmanager.",
+        )
+        meter.create_observable_counter(
+            "semhealth_alert_evaluation_failures",
+            [failures],
+            description="Rule evaluations that failed inside semhealth (a bug: please report).",
         )
 
     def observe_analysis(self, seconds: float) -> None:

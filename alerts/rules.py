@@ -42,10 +42,14 @@ RULES_SCHEMA: dict[str, Any] = orjson.loads(
 _VALIDATOR = Draft202012Validator(RULES_SCHEMA)
 
 
+def default_rules_text() -> str:
+    """The shipped ``defaults.yaml`` as written, comments and all."""
+    return resources.files(_PACKAGE).joinpath("defaults.yaml").read_text(encoding="utf-8")
+
+
 def default_rule_entries() -> list[dict[str, Any]]:
     """The entries of the shipped ``defaults.yaml``, freshly parsed (callers may change them)."""
-    text = resources.files(_PACKAGE).joinpath("defaults.yaml").read_text(encoding="utf-8")
-    entries: list[dict[str, Any]] = yaml.load(text, Loader=_LOADER)["rules"]
+    entries: list[dict[str, Any]] = yaml.load(default_rules_text(), Loader=_LOADER)["rules"]
     return entries
 
 

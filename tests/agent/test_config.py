@@ -22,6 +22,7 @@ from semhealth.agent.config import (
     RELEVANCE_ENABLED,
     TLS,
     Address,
+    Alerts,
     Config,
     ConfigError,
     ConfigIssue,
@@ -38,6 +39,9 @@ from semhealth.agent.config import (
     schema_text,
     validate_collectors,
 )
+from semhealth.alerts.durations import format_duration
+from semhealth.alerts.model import Rule
+from semhealth.alerts.rules import RULES_SCHEMA
 from semhealth.collectors.config import (
     FRAMINGS,
     PROVIDERS,
@@ -378,7 +382,7 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
     assert issues == [
         f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
         " here are: upstream, listen, routes, limits, analysis, log, telemetry,"
-        " relevance)"
+        " relevance, alerts)"
     ]
 
 
@@ -742,8 +746,35 @@ def test_schema_defaults_match_default_config() -> None:
         "routes[].extract.context": [],
         "routes[].contract": None,
         **_relevance_defaults(config.relevance),
+        **_alerts_defaults(config.alerts),
     }
     assert defaults == code
+
+
+def _alerts_defaults(alerts: Alerts) -> dict[str, object]:
+    """The schema's defaults under alerts:, as the code has them (rule items: model.Rule)."""
+    rule = Rule(name="r", signal="s", aggregation="p50", window_s=1, op="<", threshold=0)
+    return {
+        **{
+            f"alerts.{k}": v
+            for k, v in dataclasses.asdict(alerts).items()
+            if k not in ("rules", "rule_files", "alertmanager")
+        },
+        "alerts.rules": list(alerts.rules),
+        "alerts.rule_files": list(alerts.rule_files),
+        "alerts.alertmanager.urls": list(alerts.alertmanager.urls),
+        "alerts.alertmanager.timeout_s": alerts.alertmanager.timeout_s,
+        "alerts.rules[].min_samples": rule.min_samples,
+        "alerts.rules[].for": format_duration(rule.for_s),
+        "alerts.rules[].keep_firing_for": format_duration(rule.keep_firing_for_s),
+        "alerts.rules[].group_by": list(rule.group_by),
+        "alerts.rules[].enabled": True,
+    }
+
+
+def test_the_alert_rule_schema_is_the_alerts_package_own() -> None:
+    shipped = {k: v for k, v in RULES_SCHEMA.items() if k not in ("$schema", "$id")}
+    assert schema()["$defs"]["rule"] == shipped
 
 
 def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
@@ -788,6 +819,8 @@ def test_env_names_cover_every_setting_outside_lists() -> None:
 def test_public_names_are_pinned() -> None:
     assert sorted(agent_config.__all__) == sorted(
         [
+            "Alertmanager",
+            "Alerts",
             "ENV_PREFIX",
             "LOG_FORMATS",
             "LOG_LEVELS",
@@ -807,6 +840,7 @@ def test_public_names_are_pinned() -> None:
             "Upstream",
             "check_config_file",
             "default_config",
+            "load_alerts",
             "load_config",
             "load_relevance",
             "schema_text",

@@ -1,0 +1,223 @@
+"""Alerting in the agent: samples in, rules evaluated on an interval, pages out.
+
+The recorder hands every signal value to ``observe``, on the event loop; that only
+appends to a bounded buffer. Evaluation runs on a worker thread of its own, which
+drains the buffer into the evaluator and evaluates: a relative rule over many groups
+merges sketches for milliseconds, and the proxy's loop must not spend them. Every
+touch of the evaluator happens on that one thread, so it needs no lock. Alerts that
+need sending cross back to the loop, where the notifier queues them for each
+Alertmanager. Nothing here can block or fail the proxy: a full buffer sheds samples
+and counts them, a failed evaluation is logged and counted, and delivery problems
+stay inside the notifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from semhealth.alerts.alertmanager import DeliveryStats, Notifier
+from semhealth.alerts.alertmanager import Settings as NotifierSettings
+from semhealth.alerts.evaluator import Evaluator, RuleStatus
+from semhealth.alerts.evaluator import Stats as EvaluatorStats
+from semhealth.alerts.model import Alert, Rule
+from semhealth.alerts.sample import Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """What the agent hands the alerting stage (built from the ``alerts:`` section)."""
+
+    rules: tuple[Rule, ...]
+    alertmanagers: tuple[str, ...] = ()
+    interval_s: float = 15.0
+    resend_delay_s: float = 60.0
+    timeout_s: float = 10.0  # per POST to an Alertmanager
+    external_labels: dict[str, str] = field(default_factory=dict)  # pod, namespace
+    max_pending_samples: int = 100_000  # samples waiting for the worker; more are shed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertingStats:
+    """What the stage has done, for the agent's self-metrics."""
+
+    evaluator: EvaluatorStats
+    samples_shed: int
+    evaluation_failures: int
+    evaluation_seconds: float  # the latest evaluation's duration
+    pending: int  # alerts pending now
+    firing: int  # alerts firing now
+    deliveries: tuple[DeliveryStats, ...]
+
+
+class AlertingStage:
+    """Evaluates the rules over the samples it observes; pages every Alertmanager configured.
+
+    Without Alertmanagers the rules still run: ``/alerts`` shows them, and each alert
+    that starts firing or resolves is logged with its labels and value.
+    """
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._samples: deque[Sample] = deque()
+        self._evaluator = Evaluator(
+            settings.rules,
+            notify=self._notify_from_worker,
+            resend_delay_s=settings.resend_delay_s,
+            interval_s=settings.interval_s,
+        )
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-alerts")
+        self._notifier: Notifier | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._snapshot: list[RuleStatus] = []  # as of the latest evaluation
+        self._samples_shed = 0
+        self._failures = 0
+        self._evaluation_s = 0.0
+        self._closed = False
+        self._logged: dict[tuple[tuple[str, str], ...], str] = {}  # firing alerts, by labels
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return self._settings.rules
+
+    def observe(self, sample: Sample) -> None:
+        """The recorder's sample sink: O(1) on the loop, shed and counted when full."""
+        if len(self._samples) >= self._settings.max_pending_samples:
+            self._samples_shed += 1
+            return
+        self._samples.append(sample)
+
+    async def start(self, generator_url: str) -> None:
+        """Start delivery and the evaluation loop; ``generator_url`` is this agent's
+        ``/alerts`` URL, which every alert links back to."""
+        self._loop = asyncio.get_running_loop()
+        if self._settings.alertmanagers:
+            self._notifier = Notifier(
+                self._settings.alertmanagers,
+                settings=NotifierSettings(
+                    timeout_s=self._settings.timeout_s,
+                    # Retries end well before the next resend carries the alert anyway.
+                    retry_window_s=min(30.0, self._settings.resend_delay_s / 2),
+                    external_labels=self._settings.external_labels,
+                    generator_url=generator_url,
+                ),
+            )
+            await self._notifier.start()
+        await self.evaluate_now()  # /alerts shows every rule from the start
+        self._task = asyncio.create_task(self._run(), name="semhealth-alert-evaluation")
+
+    async def _run(self) -> None:
+        interval = self._settings.interval_s
+        next_at = time.monotonic()
+        while True:
+            # A slow evaluation delays the next one instead of queueing a burst behind it.
+            next_at = max(next_at + interval, time.monotonic())
+            await asyncio.sleep(next_at - time.monotonic())
+            await self.evaluate_now()
+
+    async def evaluate_now(self) -> None:
+        """One evaluation on the worker thread; a failure is logged and counted, never raised."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._worker, self._evaluate, self._clock())
+        except Exception as exc:
+            self._failures += 1
+            log.error("alert evaluation failed (a bug: please report): %r", exc)
+
+    def _evaluate(self, now: float) -> None:
+        """Worker thread only."""
+        started = time.perf_counter()
+        samples, observe = self._samples, self._evaluator.observe
+        while samples:
+            observe(samples.popleft())
+        self._evaluator.evaluate(now)
+        self._snapshot = self._evaluator.snapshot(now)
+        self._evaluation_s = time.perf_counter() - started
+
+    def _notify_from_worker(self, alerts: Sequence[Alert]) -> None:
+        """The evaluator's ``notify``, on the worker thread: hand over to the loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._deliver, tuple(alerts))
+
+    def _deliver(self, alerts: Sequence[Alert]) -> None:
+        self._log_transitions(alerts)
+        if self._notifier is not None:
+            self._notifier.send(alerts)
+
+    def _log_transitions(self, alerts: Sequence[Alert]) -> None:
+        """One line when an alert starts firing and one when it resolves, not per resend."""
+        for alert in alerts:
+            key = tuple(sorted(alert.labels.items()))
+            if self._logged.get(key) == alert.state:
+                continue
+            if alert.state == "resolved":
+                self._logged.pop(key, None)
+            else:
+                self._logged[key] = alert.state
+            labels = " ".join(f"{k}={v}" for k, v in key if k != "alertname")
+            log.warning(
+                "alert %s %s: %s value=%s", alert.rule, alert.state, labels, _number(alert.value)
+            )
+
+    def stats(self) -> AlertingStats:
+        states = [group.state for rule in self._snapshot for group in rule.groups]
+        return AlertingStats(
+            evaluator=self._evaluator.stats,
+            samples_shed=self._samples_shed,
+            evaluation_failures=self._failures,
+            evaluation_seconds=self._evaluation_s,
+            pending=states.count("pending"),
+            firing=states.count("firing"),
+            deliveries=self._notifier.stats() if self._notifier is not None else (),
+        )
+
+    def status_json(self) -> bytes:
+        """The ``/alerts`` document: rules, groups, values and states as of the latest
+        evaluation, and each Alertmanager's delivery counters."""
+        stats = self.stats()
+        document: dict[str, Any] = {
+            "evaluated_at": stats.evaluator.last_evaluation_at,
+            "interval_s": self._settings.interval_s,
+            "rules": [asdict(rule) for rule in self._snapshot],
+            "alertmanagers": [asdict(delivery) for delivery in stats.deliveries],
+            "stats": {
+                "samples_observed": stats.evaluator.samples_observed,
+                "samples_shed": stats.samples_shed,
+                "groups": stats.evaluator.groups,
+                "groups_dropped": stats.evaluator.groups_dropped,
+                "evaluations": stats.evaluator.evaluations,
+                "evaluation_failures": stats.evaluation_failures,
+                "evaluation_seconds": stats.evaluation_seconds,
+            },
+        }
+        return orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop evaluating, deliver what is queued within the deadline. Safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._notifier is not None:
+            await self._notifier.shutdown(timeout_s)
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+def _number(value: float | None) -> str:
+    return "none" if value is None else f"{value:.6g}"

@@ -22,6 +22,7 @@ from semhealth.agent.config import (
     RELEVANCE_ENABLED,
     TLS,
     Address,
+    Alertmanager,
     Alerts,
     Config,
     ConfigError,
@@ -276,6 +277,48 @@ FULL_RELEVANCE = Relevance(
 )
 
 
+FULL_ALERTS = Alerts(
+    enabled=True,
+    evaluation_interval_s=15,
+    resend_delay_s=60,
+    default_rules=True,
+    rules=(
+        {
+            "name": "LatencySLO",
+            "threshold": {"by": "prompt_class", "values": {"short": "800ms", "long_context": "3s"}},
+        },
+        {"name": "StreamChoppy", "enabled": False},
+        {
+            "name": "AnswerRelevanceLow",
+            "signal": "answer_relevance_score",
+            "aggregation": "p50",
+            "window": "10m",
+            "op": "<",
+            "threshold": 0.5,
+            "min_samples": 50,
+            "for": "5m",
+            "group_by": ["route"],
+            "labels": {"severity": "warning", "team": "search"},
+            "annotations": {
+                "summary": "Answers drift from the questions on {{ $labels.route }}",
+                "description": 'Median answer relevance is {{ printf "%.2f" $value }} over 10 minutes.',
+            },
+        },
+    ),
+    rule_files=(),
+    external_url="http://semhealth.example:9100",
+    alertmanager=Alertmanager(urls=("http://alertmanager.monitoring:9093",), timeout_s=10),
+)
+
+
+def test_full_example_alert_rules_are_the_defaults_changed_by_name() -> None:
+    rules = {rule.name: rule for rule in FULL_ALERTS.load_rules()}
+    assert "StreamChoppy" not in rules
+    assert rules["LatencySLO"].threshold_for({"prompt_class": "long_context"}) == 3.0
+    assert rules["AnswerRelevanceLow"].labels == {"severity": "warning", "team": "search"}
+    assert "ContextRelevanceLow" in rules
+
+
 def test_full_example_loads_to_expected_dataclasses() -> None:
     expected = Config(
         upstream=Upstream(
@@ -316,6 +359,7 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
         log=Log(level="debug", format="json"),
         telemetry=FULL_TELEMETRY,
         relevance=FULL_RELEVANCE,
+        alerts=FULL_ALERTS,
     )
     assert load_config(data_file("full.yaml"), {}, {}) == expected
 

@@ -3,7 +3,8 @@
 The recorder hands every signal value to ``observe``, on the event loop; that only
 appends to a bounded buffer. Evaluation runs on a worker thread of its own, which
 drains the buffer into the evaluator and evaluates: a relative rule over many groups
-merges sketches for milliseconds, and the proxy's loop must not spend them. Every
+merges sketches for milliseconds, and the proxy's loop must not spend them in one piece
+(the worker shares the GIL, so the loop waits at most a switch interval at a time). Every
 touch of the evaluator happens on that one thread, so it needs no lock. Alerts that
 need sending cross back to the loop, where the notifier queues them for each
 Alertmanager. Nothing here can block or fail the proxy: a full buffer sheds samples
@@ -102,6 +103,8 @@ class AlertingStage:
     async def start(self, generator_url: str) -> None:
         """Start delivery and the evaluation loop; ``generator_url`` is this agent's
         ``/alerts`` URL, which every alert links back to."""
+        if self._closed:
+            raise RuntimeError("an AlertingStage cannot start again after shutdown")
         self._loop = asyncio.get_running_loop()
         if self._settings.alertmanagers:
             self._notifier = Notifier(
@@ -140,7 +143,8 @@ class AlertingStage:
         """Worker thread only."""
         started = time.perf_counter()
         samples, observe = self._samples, self._evaluator.observe
-        while samples:
+        # Only what is there now: under a steady stream of samples, evaluation still happens.
+        for _ in range(len(samples)):
             observe(samples.popleft())
         self._evaluator.evaluate(now)
         self._snapshot = self._evaluator.snapshot(now)
@@ -162,11 +166,9 @@ class AlertingStage:
         for alert in alerts:
             key = tuple(sorted(alert.labels.items()))
             if self._logged.get(key) == alert.state:
-                continue
-            if alert.state == "resolved":
-                self._logged.pop(key, None)
-            else:
-                self._logged[key] = alert.state
+                continue  # a resend; resolved alerts are resent for 15 minutes too
+            # Bounded: one entry per rule and group, and groups are bounded by the label guard.
+            self._logged[key] = alert.state
             labels = " ".join(f"{k}={v}" for k, v in key if k != "alertname")
             log.warning(
                 "alert %s %s: %s value=%s", alert.rule, alert.state, labels, _number(alert.value)

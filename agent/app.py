@@ -305,7 +305,14 @@ class Agent:
             )
             self.admin_address = await _listen(self._admin_runner, self._config.listen.admin)
             if self.alerting is not None:
-                base = self._config.alerts.external_url or self.admin_url
+                alerts = self._config.alerts
+                base = alerts.external_url or self.admin_url
+                if alerts.external_url is None and alerts.alertmanager.urls:
+                    log.warning(
+                        "alerts link to %s/alerts, which people may not reach: "
+                        "set alerts.external_url to the admin address as seen from outside",
+                        base,
+                    )
                 await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
             server = web.Server(self.proxy.handle, handler_cancellation=True, access_log=None)
             # In-flight exchanges get most of the shutdown deadline to finish.

@@ -3,7 +3,8 @@ Prometheus' alert state machine, and the alerts that need sending out through ``
 
 A pure state machine: no IO, no clock (``evaluate(now)`` takes wall-clock Unix seconds), no
 asyncio, no locks. It is single-threaded by contract: call ``observe``, ``evaluate`` and
-``snapshot`` from one thread (the agent's event loop); none of them awaits or blocks.
+``snapshot`` from one thread (the agent runs them on a worker thread of its own); none of
+them awaits or blocks.
 
 The states follow Prometheus' ``rules/alerting.go``:
 
@@ -443,12 +444,11 @@ class Evaluator:
         elif alert.state == "resolved":
             if alert.resolved_at is not None and now - alert.resolved_at > self._retention_s:
                 group.alert = None
-        elif self._keeps_firing(alert, rule, now):
-            _update(alert, rule, group, value)
-        else:
+        elif not self._keeps_firing(alert, rule, now):
+            # Value and annotations stay those of the last evaluation that breached, as in
+            # Prometheus: the page says what fired, not the healthy number that ended it.
             alert.state = "resolved"
             alert.resolved_at = now
-            _update(alert, rule, group, value)
 
     @staticmethod
     def _keeps_firing(alert: _Active, rule: Rule, now: float) -> bool:

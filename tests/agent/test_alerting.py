@@ -119,8 +119,9 @@ async def test_firing_and_resolving_are_logged_once_each_with_numbers_only(
                 await asyncio.sleep(0)
             stage._clock = lambda: NOW + 120  # the low sample left the window
             stage.observe(Sample("context_relevance_score", 0.95, {"route": "chat"}, NOW + 119))
-            await stage.evaluate_now()
-            await asyncio.sleep(0)
+            for _ in range(3):  # the resolved alert is resent too; logged once
+                await stage.evaluate_now()
+                await asyncio.sleep(0)
         lines = [r.getMessage() for r in caplog.records if r.name == "semhealth.agent.alerting"]
         assert len(lines) == 2
         assert lines[0].startswith("alert ContextRelevanceLow firing: route=chat")
@@ -133,6 +134,17 @@ async def test_shutdown_is_safe_without_start_and_twice() -> None:
     stage = _stage()
     await stage.shutdown()
     await stage.shutdown()
+
+
+async def test_a_stage_that_shut_down_refuses_to_start_and_a_fresh_one_starts() -> None:
+    stage = _stage()
+    await stage.start(generator_url="http://127.0.0.1:9464/alerts")
+    await stage.shutdown()
+    with pytest.raises(RuntimeError, match="cannot start again"):
+        await stage.start(generator_url="http://127.0.0.1:9464/alerts")
+    fresh = _stage()
+    await fresh.start(generator_url="http://127.0.0.1:9464/alerts")
+    await fresh.shutdown()
 
 
 async def test_evaluation_keeps_its_interval_on_its_own() -> None:

@@ -231,18 +231,14 @@ def test_too_few_samples_is_condition_false() -> None:
     assert clock.outbox.last.state == "firing"
 
 
-def test_firing_alert_kept_firing_without_samples_carries_no_value() -> None:
+def test_an_alert_kept_firing_without_samples_carries_the_value_that_fired() -> None:
     rule = replace(RELEVANCE, keep_firing_for_s=3600.0, annotations={"summary": "at {{ $value }}"})
     clock = Clock(rule)
     clock.feed(0.5, t=1.0)
     clock.run(15.0, 300.0)
     clock.run(315.0, 390.0)  # window empty; kept firing and re-sent at 390
     alert = clock.outbox.last
-    assert (alert.state, alert.value, alert.annotations) == (
-        "firing",
-        None,
-        {"summary": "at <no value>"},
-    )
+    assert (alert.state, alert.value, alert.annotations) == ("firing", 0.5, {"summary": "at 0.5"})
 
 
 def test_group_by_splits_groups_and_labels_alerts_with_them() -> None:
@@ -478,7 +474,7 @@ def test_annotations_render_the_value_and_group_labels() -> None:
     }
 
 
-def test_annotations_follow_the_value_while_firing_and_freeze_on_resolve() -> None:
+def test_annotations_follow_the_value_while_breaching_and_keep_it_after() -> None:
     rule = replace(RELEVANCE, keep_firing_for_s=30.0, annotations={"summary": "{{ $value }}"})
     clock = Clock(rule)
     clock.feed(0.5, t=1.0)
@@ -488,8 +484,9 @@ def test_annotations_follow_the_value_while_firing_and_freeze_on_resolve() -> No
     assert clock.outbox.last.annotations == {"summary": "0.6"}
     clock.feed(1.0, t=91.0, count=6)  # mean 0.9: keep firing until 135, then resolve
     clock.run(105.0, 300.0)
+    # As Prometheus: the resolve carries the last breaching value, not the healthy one.
     alert = clock.outbox.last
-    assert (alert.state, alert.annotations, alert.value) == ("resolved", {"summary": "0.9"}, 0.9)
+    assert (alert.state, alert.annotations, alert.value) == ("resolved", {"summary": "0.6"}, 0.6)
 
 
 def test_notify_is_not_called_when_nothing_needs_sending() -> None:

@@ -61,6 +61,14 @@ class AlertingStats:
     deliveries: tuple[DeliveryStats, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ActiveAlert:
+    rule: str
+    labels: dict[str, str]  # the group's labels
+    state: str  # pending | firing
+    value: float | None
+
+
 class AlertingStage:
     """Evaluates the rules over the samples it observes; pages every Alertmanager configured.
 
@@ -173,6 +181,16 @@ class AlertingStage:
             log.warning(
                 "alert %s %s: %s value=%s", alert.rule, alert.state, labels, _number(alert.value)
             )
+
+    def active(self) -> list[ActiveAlert]:
+        """Alerts pending or firing as of the latest evaluation, firing first."""
+        found = [
+            ActiveAlert(rule.name, group.labels, group.state, group.value)
+            for rule in self._snapshot
+            for group in rule.groups
+            if group.state in ("pending", "firing")
+        ]
+        return sorted(found, key=lambda alert: (alert.state != "firing", alert.rule))
 
     def stats(self) -> AlertingStats:
         states = [group.state for rule in self._snapshot for group in rule.groups]

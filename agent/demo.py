@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from semhealth.agent.alerting import ActiveAlert
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.simulator import DemoProfile, ScriptRequest, SimulatedUpstream, demo_script
@@ -45,9 +46,11 @@ class DemoSummary:
         self,
         stall_threshold_s: float,
         validity: Callable[[], dict[tuple[str, ...], tuple[int, int]]] = dict,
+        alerts: Callable[[], list[ActiveAlert]] = list,
     ) -> None:
         self._stall_threshold_s = stall_threshold_s
         self.validity = validity  # (route, model, provider) -> (valid, checked), as the gauge
+        self.alerts = alerts  # pending and firing, as /alerts shows them
         self._recent: collections.deque[_Seen] = collections.deque()
         self.total = 0
 
@@ -79,6 +82,7 @@ class DemoSummary:
         for (route, provider), group in sorted(by_route.items()):
             ok, total = validity.get((route, provider), (0, 0))
             lines.append(self._row(route, provider, group) + _share(ok, total))
+        lines += _alert_lines(self.alerts())
         return "\n".join(lines)
 
     def _row(self, route: str, provider: str, group: list[StreamRecord]) -> str:
@@ -91,6 +95,17 @@ class DemoSummary:
             f"{route:<18}{provider:<20}{len(group):>5}{_ms(ttft, 0.5):>10}{_ms(ttft, 0.95):>10}"
             f"{_ms(index, 0.5):>10}{_ms(index, 0.95):>10}{stalls:>8}{errors:>8}"
         )
+
+
+def _alert_lines(alerts: list[ActiveAlert], limit: int = 5) -> list[str]:
+    if not alerts:
+        return ["alerts: none pending or firing (default rules judge 5-minute windows)"]
+    lines = [f"alerts: {len(alerts)} pending or firing"]
+    for alert in alerts[:limit]:
+        labels = " ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()))
+        value = "-" if alert.value is None else f"{alert.value:.3g}"
+        lines.append(f"  {alert.state:<8}{alert.rule:<22}{labels}  value={value}")
+    return lines
 
 
 def _share(ok: int, total: int) -> str:
@@ -125,6 +140,8 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     summary = DemoSummary(config.collectors.analysis.stall_threshold_s)
     agent = Agent(config, Settings(consumers=[summary.consume_record]))
     summary.validity = agent.telemetry.recorder.validity_counts
+    if agent.alerting is not None:
+        summary.alerts = agent.alerting.active
     traffic: TrafficGenerator | None = None
     try:
         await agent.start()
@@ -139,7 +156,8 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(
             f"semhealth demo (seed {seed}): proxy {agent.proxy_url}"
             f" -> simulated LLM {upstream.url}\n"
-            f"metrics: {agent.admin_url}/metrics   stop: Ctrl-C",
+            f"metrics: {agent.admin_url}/metrics   alerts: {agent.admin_url}/alerts"
+            "   stop: Ctrl-C",
             file=out,
         )
         await _show(summary, out, args.duration)

@@ -220,6 +220,7 @@ class AlertingStage:
                 "groups_dropped": stats.evaluator.groups_dropped,
                 "evaluations": stats.evaluator.evaluations,
                 "evaluation_failures": stats.evaluation_failures,
+                "rule_failures": stats.evaluator.rule_failures,
                 "evaluation_seconds": stats.evaluation_seconds,
             },
         }

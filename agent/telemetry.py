@@ -327,7 +327,9 @@ class Telemetry:
 
         def failures(_options: CallbackOptions) -> Sequence[Observation]:
             stats = alerting()
-            return [Observation(stats.evaluation_failures)] if stats else []
+            if stats is None:
+                return []
+            return [Observation(stats.evaluation_failures + stats.evaluator.rule_failures)]
 
         meter.create_observable_up_down_counter(
             "semhealth_alerts", [alerts], description="Alerts pending and firing now, by state."

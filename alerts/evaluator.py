@@ -86,6 +86,7 @@ class Stats:
     evaluations: int
     groups: int
     groups_dropped: int
+    rule_failures: int  # a rule's evaluation raised (a bug); the other rules still ran
     last_evaluation_at: float | None
 
 
@@ -347,6 +348,7 @@ class Evaluator:
         self._late = 0
         self._evaluations = 0
         self._dropped = 0
+        self._rule_failures = 0
         self._last_evaluation: float | None = None
 
     @property
@@ -363,6 +365,7 @@ class Evaluator:
             evaluations=self._evaluations,
             groups=sum(len(state.groups) for state in self._rules),
             groups_dropped=self._dropped,
+            rule_failures=self._rule_failures,
             last_evaluation_at=self._last_evaluation,
         )
 
@@ -374,9 +377,12 @@ class Evaluator:
             return
         matched = False
         for state in self._by_signal.get(sample.name, ()):
-            if state.accepts(sample.labels):
-                matched = True
-                self._add(state, sample)
+            try:
+                if state.accepts(sample.labels):
+                    matched = True
+                    self._add(state, sample)
+            except Exception:  # a bug in one rule; the sample still reaches the others
+                self._rule_failures += 1
         if not matched:
             self._unmatched += 1
 
@@ -400,7 +406,12 @@ class Evaluator:
         self._last_evaluation = now
         outgoing: list[Alert] = []
         for state in self._rules:
-            self._evaluate_rule(state, now, outgoing)
+            # One rule's bug must not cost the other rules' alerts: those already marked
+            # as sent in ``outgoing`` would otherwise wait a whole resend delay.
+            try:
+                self._evaluate_rule(state, now, outgoing)
+            except Exception:
+                self._rule_failures += 1
         if outgoing:
             self._notify(outgoing)
 

@@ -586,3 +586,16 @@ def test_nonsense_settings_are_refused_at_construction(options: dict[str, float]
 def test_rule_with_a_zero_window_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="ContextRelevanceLow"):
         Evaluator([replace(RELEVANCE, window_s=0.0)], notify=Outbox())
+
+
+def test_a_rule_that_fails_is_counted_and_the_others_still_notify() -> None:
+    class Exploding(Thresholds):
+        def for_value(self, value: str | None) -> float | None:
+            raise RuntimeError("a bug")
+
+    broken = replace(RELEVANCE, name="Broken", threshold=Exploding(label="route", values={}))
+    clock = Clock(broken, RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    assert clock.evaluator.stats.rule_failures == 1
+    assert clock.outbox.last.rule == "ContextRelevanceLow"

@@ -57,7 +57,9 @@ async def run(
         summary = await score_jsonl(
             lines, out, scorer, progress=False, on_error=errors.append, **options
         )
-    records = [orjson.loads(text) for text in out.getvalue().splitlines()]
+    # JSONL lines end at "\n" only: str.splitlines() would also cut at U+0085 or U+2028,
+    # which JSON strings may hold unescaped.
+    records = [orjson.loads(text) for text in out.getvalue().split("\n") if text]
     return records, summary, errors
 
 

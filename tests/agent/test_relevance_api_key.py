@@ -8,10 +8,8 @@ sidecar scores through a TEI server on loopback that refuses any request without
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -26,13 +24,6 @@ from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post
 from tests.embeddings.bearer import KEY, Gate, keyed_server
 
 VARIABLE = "SEMHEALTH_TEST_TEI_KEY"
-
-
-@pytest.fixture(scope="module")
-def minilm() -> Iterator[LocalBackend]:
-    backend = LocalBackend("all-MiniLM-L6-v2", device="cpu", threads=2)
-    yield backend
-    asyncio.run(backend.aclose())
 
 
 def keyed_yaml(

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -79,15 +79,6 @@ class GatedBackend:
 
     async def aclose(self) -> None:
         """The module owns the model; agents only borrow it."""
-
-
-@pytest.fixture(scope="module")
-def minilm() -> Iterator[Backend]:
-    from semhealth.embeddings.local import LocalBackend
-
-    backend = LocalBackend("all-MiniLM-L6-v2", device="cpu", threads=2)
-    yield backend
-    asyncio.run(backend.aclose())
 
 
 @asynccontextmanager

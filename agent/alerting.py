@@ -3,8 +3,10 @@
 The recorder hands every signal value to ``observe``, on the event loop; that only
 appends to a bounded buffer. Evaluation runs on a worker thread of its own, which
 drains the buffer into the evaluator and evaluates: a relative rule over many groups
-merges sketches for milliseconds, and the proxy's loop must not spend them in one piece
-(the worker shares the GIL, so the loop waits at most a switch interval at a time). Every
+merges sketches for milliseconds, and the proxy's loop must not spend them in one piece.
+The worker is pure Python and shares the GIL with the loop, so it also hands the GIL over
+every half millisecond of work (``GILYield``); without that the loop waits for the GIL in
+steps of the 5 ms switch interval for as long as an evaluation runs. Every
 touch of the evaluator happens on that one thread, so it needs no lock. Alerts that
 need sending cross back to the loop, where the notifier queues them for each
 Alertmanager. Nothing here can block or fail the proxy: a full buffer sheds samples
@@ -69,6 +71,26 @@ class ActiveAlert:
     value: float | None
 
 
+class GILYield:
+    """Called between pieces of pure-Python work on a worker thread: every ``every_s`` of
+    work, ``time.sleep(0)`` releases the GIL so a waiting event loop takes it at once.
+
+    Measured with ``bench/alert_evaluation.py``: while 1,000 groups were evaluated, a 1 ms
+    timer on the loop woke 5.4 ms late at p50 without this (the switch interval), and a
+    fraction of a millisecond with it.
+    """
+
+    def __init__(self, every_s: float = 0.0005) -> None:
+        self._every_s = every_s
+        self._last = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self._every_s:
+            time.sleep(0)
+            self._last = time.perf_counter()
+
+
 class AlertingStage:
     """Evaluates the rules over the samples it observes; pages every Alertmanager configured.
 
@@ -80,11 +102,13 @@ class AlertingStage:
         self._settings = settings
         self._clock = clock
         self._samples: deque[Sample] = deque()
+        self._yield = GILYield()
         self._evaluator = Evaluator(
             settings.rules,
             notify=self._notify_from_worker,
             resend_delay_s=settings.resend_delay_s,
             interval_s=settings.interval_s,
+            pause=self._yield,
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-alerts")
         self._notifier: Notifier | None = None
@@ -152,8 +176,10 @@ class AlertingStage:
         started = time.perf_counter()
         samples, observe = self._samples, self._evaluator.observe
         # Only what is there now: under a steady stream of samples, evaluation still happens.
-        for _ in range(len(samples)):
+        for count in range(len(samples)):
             observe(samples.popleft())
+            if count % 64 == 63:
+                self._yield()
         self._evaluator.evaluate(now)
         self._snapshot = self._evaluator.snapshot(now)
         self._evaluation_s = time.perf_counter() - started

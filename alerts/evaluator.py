@@ -162,7 +162,15 @@ class _Active:
 
 
 class _Group:
-    __slots__ = ("alert", "alert_labels", "baseline", "labels", "last_sample_t", "window")
+    __slots__ = (
+        "alert",
+        "alert_labels",
+        "baseline",
+        "labels",
+        "last_sample_t",
+        "measured",
+        "window",
+    )
 
     def __init__(
         self,
@@ -177,6 +185,9 @@ class _Group:
         self.baseline = baseline
         self.last_sample_t = -math.inf
         self.alert: _Active | None = None
+        # The last evaluation's time and measure: a snapshot at that time reuses it rather
+        # than merging every slot again (the merge is most of an evaluation's cost).
+        self.measured: tuple[float, _Measure] | None = None
 
     def add(self, value: float, t: float) -> bool:
         """Count the sample in the group's windows; False when all refuse it as too old."""
@@ -282,6 +293,10 @@ class _RuleState:
         return _Measure(relative, current.count, baseline, past.count)
 
 
+def _no_pause() -> None:
+    """The default ``pause``: nothing to hand over."""
+
+
 def _aggregate(sketch: Sketch, aggregation: Aggregation) -> float | None:
     quantile = QUANTILES.get(aggregation)
     if quantile is not None:
@@ -323,6 +338,7 @@ class Evaluator:
         alpha: float = DEFAULT_ALPHA,
         relative_alpha: float = DEFAULT_RELATIVE_ALPHA,
         max_buckets: int = DEFAULT_MAX_BUCKETS,
+        pause: Callable[[], None] | None = None,
     ) -> None:
         if resend_delay_s < 0 or interval_s <= 0 or resolved_retention_s < 0:
             raise ValueError("resend_delay_s and resolved_retention_s must be >= 0, interval_s > 0")
@@ -338,6 +354,9 @@ class Evaluator:
         for state in self._rules:
             self._by_signal.setdefault(state.rule.signal, []).append(state)
         self._notify = notify
+        # Called after each group is evaluated: a caller on a worker thread hands the GIL
+        # to its event loop there (see semhealth.agent.alerting).
+        self._pause = pause or _no_pause
         self._resend_delay_s = resend_delay_s
         self._valid_for_s = 4 * max(resend_delay_s, interval_s)
         self._retention_s = resolved_retention_s
@@ -420,6 +439,7 @@ class Evaluator:
         for key, group in list(state.groups.items()):
             group.prune(now, rule, state.baseline_slot_s)
             measure = state.measure(group, now)
+            group.measured = (now, measure)
             threshold = rule.threshold_for(group.labels)
             condition = (
                 measure.value is not None
@@ -432,6 +452,7 @@ class Evaluator:
                 outgoing.append(self._send(state, group, alert, now))
             if alert is None and now - group.last_sample_t > state.span_s:
                 del state.groups[key]  # nothing left to measure or to tell
+            self._pause()
 
     def _step(
         self, state: _RuleState, group: _Group, condition: bool, value: float | None, now: float
@@ -490,12 +511,12 @@ class Evaluator:
 
     def _rule_status(self, state: _RuleState, now: float) -> RuleStatus:
         rule = state.rule
-        groups = tuple(
-            self._group_status(state, group, now)
-            for group in sorted(
-                state.groups.values(), key=lambda group: tuple(group.labels.values())
-            )
-        )
+        ordered = sorted(state.groups.values(), key=lambda group: tuple(group.labels.values()))
+        statuses = []
+        for group in ordered:
+            statuses.append(self._group_status(state, group, now))
+            self._pause()
+        groups = tuple(statuses)
         return RuleStatus(
             name=rule.name,
             signal=rule.signal,
@@ -516,7 +537,8 @@ class Evaluator:
 
     @staticmethod
     def _group_status(state: _RuleState, group: _Group, now: float) -> GroupStatus:
-        measure = state.measure(group, now)
+        last = group.measured
+        measure = last[1] if last is not None and last[0] == now else state.measure(group, now)
         alert = group.alert
         return GroupStatus(
             labels=dict(group.labels),

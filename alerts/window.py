@@ -172,6 +172,45 @@ class Sketch:
         if len(self._buckets) > self._max_buckets:
             self._collapse()
 
+    @property
+    def collapsed(self) -> bool:
+        """Whether low buckets were folded together (past ``max_buckets``): counts of a
+        collapsed sketch can no longer be taken apart exactly."""
+        return self._floor is not None
+
+    def copy(self) -> Sketch:
+        twin = Sketch(alpha=self._alpha, max_buckets=self._max_buckets, quantiles=self._quantiles)
+        twin._buckets = dict(self._buckets)
+        twin._floor = self._floor
+        twin._zero = self._zero
+        twin._count = self._count
+        twin._sum = self._sum
+        twin._min = self._min
+        twin._max = self._max
+        return twin
+
+    def remove_counts(self, other: Sketch) -> None:
+        """Take ``other``'s counts back out of a sketch ``other`` was merged into.
+
+        Only for sketches that never collapsed (``collapsed`` False on both): then every
+        bucket count is exact and comes apart. ``sum``, ``min`` and ``max`` are the caller's
+        to set again (``set_extremes``): extremes cannot be subtracted.
+        """
+        self._count -= other._count
+        self._zero -= other._zero
+        buckets = self._buckets
+        for key, count in other._buckets.items():
+            left = buckets[key] - count
+            if left:
+                buckets[key] = left
+            else:
+                del buckets[key]
+
+    def set_extremes(self, total: float, low: float, high: float) -> None:
+        self._sum = total
+        self._min = low
+        self._max = high
+
     def quantile(self, q: float) -> float | None:
         """The ``q``-quantile (0 <= q <= 1) within relative error ``alpha``; None when empty
         or when this sketch keeps no buckets."""
@@ -228,7 +267,16 @@ class Window:
     ``max_buckets`` buckets each.
     """
 
-    __slots__ = ("_alpha", "_keep", "_max_buckets", "_newest", "_quantiles", "_slot_s", "_slots")
+    __slots__ = (
+        "_alpha",
+        "_keep",
+        "_max_buckets",
+        "_newest",
+        "_quantiles",
+        "_slot_s",
+        "_slots",
+        "_total",
+    )
 
     def __init__(
         self,
@@ -252,6 +300,10 @@ class Window:
         self._keep = math.ceil(span_s / slot_s) + 1
         self._slots: dict[int, Sketch] = {}
         self._newest: int | None = None
+        # Every kept slot merged, kept up to date as samples arrive and slots expire: a
+        # summary of (nearly) all slots is then one copy and a few subtractions instead of
+        # a merge of every slot, which was most of an evaluation's cost.
+        self._total = self._new_sketch()
 
     @property
     def slot_s(self) -> float:
@@ -285,7 +337,10 @@ class Window:
                 self._newest = index
                 # New slots appear at most once per slot_s, so expiry runs that rarely.
                 self._drop_before(index - self._keep + 1)
-        return slot.add(value)
+        added = slot.add(value)
+        if added:
+            self._total.add(value)
+        return added
 
     def summary(self, start: float, end: float) -> Sketch:
         """A new sketch merging the slots whose start lies in ``[start, end)``."""
@@ -295,11 +350,33 @@ class Window:
 
     def summary_of_slots(self, first: int, stop: int) -> Sketch:
         """A new sketch merging the slots ``first <= index < stop``."""
+        inside = [slot for index, slot in self._slots.items() if first <= index < stop]
+        outside = [slot for index, slot in self._slots.items() if not first <= index < stop]
+        if len(outside) < len(inside) and self._separable():
+            return self._total_without(outside, inside)
         merged = self._new_sketch()
-        for index, slot in self._slots.items():
-            if first <= index < stop:
-                merged.merge(slot)
+        for slot in inside:
+            merged.merge(slot)
         return merged
+
+    def _separable(self) -> bool:
+        return not self._total.collapsed and not any(s.collapsed for s in self._slots.values())
+
+    def _total_without(self, outside: list[Sketch], inside: list[Sketch]) -> Sketch:
+        filled = [slot for slot in inside if slot.count]
+        if not filled:
+            return self._new_sketch()
+        summary = self._total.copy()
+        for slot in outside:
+            summary.remove_counts(slot)
+        # From the slots themselves: extremes cannot be subtracted, and a sum kept by
+        # adding and subtracting would drift.
+        summary.set_extremes(
+            math.fsum(slot.sum for slot in filled),
+            min(slot.min for slot in filled if slot.min is not None),
+            max(slot.max for slot in filled if slot.max is not None),
+        )
+        return summary
 
     def prune(self, before: float) -> None:
         """Drop the slots that start before ``before``: nothing asks for them any more."""
@@ -311,5 +388,18 @@ class Window:
 
     def _drop_before(self, index: int) -> None:
         old = [key for key in self._slots if key < index]
+        if not old:
+            return
+        separable = self._separable()
         for key in old:
-            del self._slots[key]
+            slot = self._slots.pop(key)
+            if separable:
+                self._total.remove_counts(slot)
+        if not separable:
+            self._rebuild_total()
+
+    def _rebuild_total(self) -> None:
+        total = self._new_sketch()
+        for slot in self._slots.values():
+            total.merge(slot)
+        self._total = total

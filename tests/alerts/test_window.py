@@ -290,3 +290,41 @@ def test_mean_only_window_keeps_no_buckets() -> None:
 def test_window_refuses_nonsense_sizes(slot_s: float, span_s: float) -> None:
     with pytest.raises(ValueError):
         Window(slot_s=slot_s, span_s=span_s)
+
+
+def merged_slots(window: Window, first: int, stop: int) -> Sketch:
+    """The reference summary: every slot in range merged one by one, no running total."""
+    merged = Sketch()
+    for index, slot in window._slots.items():
+        if first <= index < stop:
+            merged.merge(slot)
+    return merged
+
+
+@settings(max_examples=200)
+@given(
+    points=st.lists(st.tuples(st.floats(0.0, 600.0), values), max_size=200),
+    first=st.integers(-2, 70),
+    length=st.integers(0, 70),
+    prune_at=st.none() | st.floats(0.0, 600.0),
+    max_buckets=st.sampled_from([4, 2048]),
+)
+def test_a_summary_from_the_running_total_equals_merging_its_slots(
+    points: list[tuple[float, float]],
+    first: int,
+    length: int,
+    prune_at: float | None,
+    max_buckets: int,
+) -> None:
+    # max_buckets=4 makes sketches collapse, which must send summaries down the merge path.
+    window = Window(slot_s=10.0, span_s=300.0, max_buckets=max_buckets)
+    for t, value in points:
+        window.add(value, t)
+    if prune_at is not None:
+        window.prune(prune_at)
+    summary = window.summary_of_slots(first, first + length)
+    reference = merged_slots(window, first, first + length)
+    assert summary.count == reference.count
+    assert summary.sum == pytest.approx(reference.sum, rel=1e-12, abs=1e-12)
+    assert (summary.min, summary.max) == (reference.min, reference.max)
+    assert [summary.quantile(q) for q in QS] == [reference.quantile(q) for q in QS]

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -183,6 +183,18 @@ class AlertingStage:
         self._evaluator.evaluate(now)
         self._snapshot = self._evaluator.snapshot(now)
         self._evaluation_s = time.perf_counter() - started
+
+    async def reload(self, rules: Sequence[Rule]) -> None:
+        """Evaluate ``rules`` from now on (``Evaluator.replace_rules``: unchanged rules keep
+        their windows and alerts). Runs on the worker, between evaluations."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._worker, self._replace_rules, tuple(rules))
+
+    def _replace_rules(self, rules: tuple[Rule, ...]) -> None:
+        """Worker thread only."""
+        self._evaluator.replace_rules(rules)
+        self._settings = replace(self._settings, rules=rules)
+        self._snapshot = self._evaluator.snapshot(self._clock())
 
     def _notify_from_worker(self, alerts: Sequence[Alert]) -> None:
         """The evaluator's ``notify``, on the worker thread: hand over to the loop."""

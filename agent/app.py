@@ -277,6 +277,15 @@ class Agent:
         if scoring is not None:
             await scoring.aclose()
 
+    async def reload_alerts(self, config: Config) -> int:
+        """Evaluate the alert rules of ``config`` (validated by ``load_config``) from now on;
+        the rest of ``config`` is not reloaded. Returns how many rules run."""
+        if self.alerting is None:
+            raise RuntimeError("alerts were off at start-up; restart to turn them on")
+        rules = config.alerts.load_rules()
+        await self.alerting.reload(rules)
+        return len(rules)
+
     @property
     def proxy_url(self) -> str:
         assert self.proxy_address is not None, "agent not started"

@@ -35,6 +35,7 @@ from semhealth.agent.errors import ConfigIssue, SemhealthError
 from semhealth.embeddings.errors import EmbeddingError
 
 if TYPE_CHECKING:
+    from semhealth.agent.app import Agent
     from semhealth.embeddings.backend import Backend
     from semhealth.embeddings.config import Encoder
 
@@ -158,12 +159,17 @@ def _setup_logging(level: str) -> None:
     )
 
 
-async def _serve_until_signal(run_for: float | None) -> None:
+async def _serve_until_signal(
+    run_for: float | None, on_hangup: Callable[[], None] | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    if on_hangup is not None:
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, on_hangup)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), run_for)
 
@@ -175,11 +181,30 @@ async def _run(args: argparse.Namespace) -> int:
     _setup_logging(config.log.level)
     agent = Agent(config)
     await agent.start()
+    reloads: set[asyncio.Task[None]] = set()  # held until done, so none is collected early
+
+    def hangup() -> None:
+        task = asyncio.create_task(_reload_rules(agent, args))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
     try:
-        await _serve_until_signal(None)
+        await _serve_until_signal(None, on_hangup=hangup if args.config else None)
     finally:
         await agent.shutdown()
     return 0
+
+
+async def _reload_rules(agent: Agent, args: argparse.Namespace) -> None:
+    """SIGHUP: load the configuration again and evaluate its alert rules from now on. A bad
+    file keeps the running rules, as a Prometheus reload does."""
+    try:
+        config = await asyncio.to_thread(load_config, args.config, os.environ, _overrides(args))
+        count = await agent.reload_alerts(config)
+    except (ConfigError, RuntimeError) as exc:
+        log.error("alert rules not reloaded; the running rules stay:\n%s", exc)
+        return
+    log.info("alert rules reloaded from %s: %d rules", args.config, count)
 
 
 async def _demo(args: argparse.Namespace) -> int:

@@ -346,13 +346,10 @@ class Evaluator:
             raise ValueError(f"max_groups_per_rule must be at least 1, got {max_groups_per_rule}")
         for accuracy in (alpha, relative_alpha):
             Sketch(alpha=accuracy, max_buckets=max_buckets)  # fail at start-up, not on a sample
-        self._rules = tuple(
-            _RuleState(rule, alpha=alpha, relative_alpha=relative_alpha, max_buckets=max_buckets)
-            for rule in rules
-        )
+        self._accuracy = (alpha, relative_alpha, max_buckets)
+        self._rules: tuple[_RuleState, ...] = ()
         self._by_signal: dict[str, list[_RuleState]] = {}
-        for state in self._rules:
-            self._by_signal.setdefault(state.rule.signal, []).append(state)
+        self.replace_rules(rules)
         self._notify = notify
         # Called after each group is evaluated: a caller on a worker thread hands the GIL
         # to its event loop there (see semhealth.agent.alerting).
@@ -373,6 +370,29 @@ class Evaluator:
     @property
     def rules(self) -> tuple[Rule, ...]:
         return tuple(state.rule for state in self._rules)
+
+    def replace_rules(self, rules: Iterable[Rule]) -> None:
+        """Evaluate ``rules`` from now on. A rule identical to a running one keeps its windows
+        and alerts; a changed or new rule starts empty; a removed rule's alerts are no longer
+        sent, so Alertmanager ends them at their ``ends_at``, as after a Prometheus reload."""
+        alpha, relative_alpha, max_buckets = self._accuracy
+        running = list(self._rules)
+        states = []
+        for rule in rules:
+            same = next((state for state in running if state.rule == rule), None)
+            if same is not None:
+                running.remove(same)
+                states.append(same)
+            else:
+                states.append(
+                    _RuleState(
+                        rule, alpha=alpha, relative_alpha=relative_alpha, max_buckets=max_buckets
+                    )
+                )
+        self._rules = tuple(states)
+        self._by_signal = {}
+        for state in self._rules:
+            self._by_signal.setdefault(state.rule.signal, []).append(state)
 
     @property
     def stats(self) -> Stats:

@@ -158,3 +158,25 @@ async def test_evaluation_keeps_its_interval_on_its_own() -> None:
             await asyncio.sleep(0.05)
     finally:
         await stage.shutdown()
+
+
+async def test_reload_swaps_the_rules_and_keeps_an_unchanged_rules_alert() -> None:
+    stage = _stage()
+    await stage.start(generator_url="http://127.0.0.1:9464/alerts")
+    try:
+        stage.observe(_sample(0.2))
+        await stage.evaluate_now()
+        extra = Rule(
+            name="AnswerRelevanceLow", signal="answer_relevance_score", aggregation="p50",
+            window_s=60, op="<", threshold=0.5,
+        )  # fmt: skip
+        await stage.reload([LOW_RELEVANCE, extra])
+        document = orjson.loads(stage.status_json())
+        assert [rule["name"] for rule in document["rules"]] == [
+            "ContextRelevanceLow",
+            "AnswerRelevanceLow",
+        ]
+        assert document["rules"][0]["groups"][0]["state"] == "firing"
+        assert stage.rules == (LOW_RELEVANCE, extra)
+    finally:
+        await stage.shutdown()

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -132,3 +133,59 @@ async def test_demo_runs_live_traffic_and_prints_a_summary() -> None:
     assert total > 5
     for route in ("chat_completions", "messages"):
         assert route in summary
+
+
+async def _rule_names(admin: str) -> list[str]:
+    async with aiohttp.ClientSession() as client, client.get(admin + "/alerts") as r:
+        document = await r.json()
+    return [rule["name"] for rule in document["rules"]]
+
+
+async def _wait_rules(admin: str, predicate: Callable[[list[str]], bool]) -> list[str]:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 15
+    while True:
+        names = await _rule_names(admin)
+        if predicate(names) or loop.time() > end:
+            return names
+        await asyncio.sleep(0.1)
+
+
+async def test_sighup_reloads_the_alert_rules_and_a_bad_file_keeps_the_running_ones(
+    tmp_path: Path,
+) -> None:
+    upstream = SimulatedUpstream(lambda r: Script(pieces=("hello",)))
+    await upstream.start()
+    admin_port = _free_port()
+    admin = f"http://127.0.0.1:{admin_port}"
+    config = tmp_path / "semhealth.yaml"
+    head = (
+        f"upstream: {{url: '{upstream.url}'}}\n"
+        f"listen: {{proxy: '127.0.0.1:{_free_port()}', admin: '127.0.0.1:{admin_port}'}}\n"
+    )
+    config.write_text(head + "alerts:\n  rules:\n    - {name: StreamChoppy, enabled: false}\n")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run", "--config", str(config),
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_ready(admin)
+        assert "StreamChoppy" not in await _rule_names(admin)
+        config.write_text(head + "alerts: {default_rules: true}\n")
+        process.send_signal(signal.SIGHUP)
+        assert "StreamChoppy" in await _wait_rules(admin, lambda n: "StreamChoppy" in n)
+        config.write_text(head + "alerts:\n  rules:\n    - {name: StreamChoppy, threshold: x}\n")
+        process.send_signal(signal.SIGHUP)
+        await asyncio.sleep(1.0)  # a bad reload changes nothing, so there is nothing to wait on
+        assert len(await _rule_names(admin)) == 6
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 15)
+        assert process.returncode == 0
+        assert b"alert rules reloaded from" in err
+        assert b"alert rules not reloaded; the running rules stay" in err
+        assert b"alerts.rules[0].threshold" in err
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await upstream.shutdown()

@@ -599,3 +599,31 @@ def test_a_rule_that_fails_is_counted_and_the_others_still_notify() -> None:
     clock.at(15.0)
     assert clock.evaluator.stats.rule_failures == 1
     assert clock.outbox.last.rule == "ContextRelevanceLow"
+
+
+def test_replacing_rules_keeps_the_state_of_a_rule_that_did_not_change() -> None:
+    clock = Clock(RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    assert clock.group().state == "firing"
+    clock.evaluator.replace_rules([RELEVANCE, replace(RELEVANCE, name="Other")])
+    clock.at(30.0)
+    statuses = clock.evaluator.snapshot(30.0)
+    assert [status.name for status in statuses] == ["ContextRelevanceLow", "Other"]
+    (kept,) = statuses[0].groups
+    assert (kept.state, kept.fired_at) == ("firing", 15.0)
+    assert statuses[1].groups == ()  # a new rule starts with empty windows
+
+
+def test_a_changed_rule_starts_over_and_a_removed_one_is_no_longer_sent() -> None:
+    clock = Clock(RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    sent = len(clock.outbox.calls)
+    clock.evaluator.replace_rules([replace(RELEVANCE, threshold=0.4)])
+    clock.feed(0.5, t=20.0)
+    clock.run(30.0, 200.0)
+    assert len(clock.outbox.calls) == sent  # 0.5 is fine under the new threshold
+    assert clock.group().state == "inactive"
+    clock.evaluator.replace_rules([])
+    assert clock.evaluator.snapshot(200.0) == []

@@ -159,9 +159,8 @@ def _setup_logging(level: str) -> None:
     )
 
 
-async def _serve_until_signal(
-    run_for: float | None, on_hangup: Callable[[], None] | None = None
-) -> None:
+def _stop_on_signals(on_hangup: Callable[[], None] | None = None) -> asyncio.Event:
+    """An event SIGINT and SIGTERM set; SIGHUP calls ``on_hangup`` when given."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -170,6 +169,13 @@ async def _serve_until_signal(
     if on_hangup is not None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    return stop
+
+
+async def _serve_until_signal(
+    run_for: float | None, on_hangup: Callable[[], None] | None = None
+) -> None:
+    stop = _stop_on_signals(on_hangup)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), run_for)
 
@@ -273,17 +279,24 @@ async def _scorer(args: argparse.Namespace) -> int:
         encoder.name: ServedEncoder(load=backend_loader(encoder), batching=encoder.batching)
         for encoder in relevance.embeddings.encoders
     }
+    # Before the models load (seconds): a SIGTERM meanwhile is a clean stop, not a kill.
+    stop = _stop_on_signals()
     server = await serve_scorer(
         encoders, address.host, address.port, on_task_failure=_log_task_failure
     )
     try:
-        await server.wait_ready()
-        log.info(
-            "semhealth scorer serving %s on %s",
-            ", ".join(encoders),
-            Address(host=address.host, port=server.port),
-        )
-        await _serve_until_signal(None)
+        ready = asyncio.ensure_future(server.wait_ready())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            ready.result()
+            log.info(
+                "semhealth scorer serving %s on %s",
+                ", ".join(encoders),
+                Address(host=address.host, port=server.port),
+            )
+            await stopped
+        ready.cancel()
     finally:
         await server.shutdown()
     return 0

@@ -172,6 +172,20 @@ def test_sigterm_stops_the_scorer_with_status_0(scorer: Scorer) -> None:
     assert health(scorer.target) is None  # the port is closed, not left half-open
 
 
+def test_sigterm_while_the_model_loads_is_a_clean_stop(scorer: Scorer) -> None:
+    deadline = time.monotonic() + START_S
+    status = None
+    while status is None and time.monotonic() < deadline:  # the port opens before the load ends
+        status = health(scorer.target)
+        time.sleep(0.05)
+    assert status is not None and status != SERVING, (
+        "the model loaded before the test could stop it"
+    )
+    scorer.process.send_signal(signal.SIGTERM)
+    assert scorer.process.wait(STOP_S) == 0, scorer.stderr()[-2000:]
+    assert "Traceback" not in scorer.stderr()
+
+
 def test_a_listen_address_that_is_not_host_port_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "semhealth.yaml"
     config.write_text(CONFIG, "utf-8")

@@ -8,7 +8,8 @@ rest at load time, rather than guessing at Go's semantics:
     {{ $value }}                       the measured value, printed as Go's %v does
     {{ $labels.route }}                a label of the alert's group ("" when absent)
     {{ $value | humanize }}            also humanizePercentage, humanizeDuration
-    {{ printf "%.2f" $value }}         printf with one numeric verb and $value
+    {{ printf "%.2f" $value }}         printf with one float verb (e, f, g) and $value
+    {{- ... -}}                        Go's trim markers: drop the white space before / after
 
 Prometheus' ``humanize*`` functions are re-implemented from their documented
 behaviour: four significant digits and SI or time-unit prefixes.
@@ -21,11 +22,13 @@ import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 
-_ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.DOTALL)
+# Go's trim markers are "{{- " and " -}}": the dash needs white space beside it.
+_ACTION = re.compile(r"\{\{(?P<left>-\s)?\s*(?P<action>.*?)\s*(?P<right>\s-)?\}\}", re.DOTALL)
 _VALUE = re.compile(r"\$value$")
 _LABEL = re.compile(r"\$labels\.([A-Za-z_][A-Za-z0-9_]*)$")
 _PIPE = re.compile(r"\$value\s*\|\s*([A-Za-z]+)$")
-_PRINTF = re.compile(r'printf\s+"(%[-+ 0#]?\d*(?:\.\d+)?[defg])"\s+\$value$')
+_PRINTF = re.compile(r'printf\s+"(%[-+ 0#]?\d*(?:\.\d+)?[efg])"\s+\$value$')
+_PRINTF_INT = re.compile(r'printf\s+"%[-+ 0#]?\d*d"\s+\$value$')
 
 
 def _go_float(value: float) -> str:
@@ -122,13 +125,16 @@ def _action_error(action: str) -> str | None:
         return None
     if pipe:
         return f"unknown function {pipe.group(1)!r} (known: {', '.join(FUNCTIONS)})"
+    if _PRINTF_INT.match(action):
+        # Go prints "%!d(float64=0.5)" for a float: $value is always one.
+        return 'printf "%d" needs an integer and $value is a float: use "%.0f"'
     return f"unsupported template action {{{{ {action} }}}}"
 
 
 def check(template: str) -> str | None:
     """Why ``template`` cannot be rendered here, or None when it can."""
     for match in _ACTION.finditer(template):
-        error = _action_error(match.group(1))
+        error = _action_error(match.group("action"))
         if error is not None:
             return error
     stripped = _ACTION.sub("", template)
@@ -143,8 +149,7 @@ def render(template: str, *, value: float | None, labels: Mapping[str, str]) -> 
     ``value`` None (too few samples) renders as Go renders a missing value: ``<no value>``.
     """
 
-    def replace(match: re.Match[str]) -> str:
-        action = match.group(1)
+    def fill(action: str) -> str:
         label = _LABEL.match(action)
         if label:
             return labels.get(label.group(1), "")
@@ -154,11 +159,24 @@ def render(template: str, *, value: float | None, labels: Mapping[str, str]) -> 
             return _go_float(value)
         printf = _PRINTF.match(action)
         if printf:
-            verb = printf.group(1)
-            return verb % (int(value) if verb.endswith("d") else value)
+            return printf.group(1) % value
         pipe = _PIPE.match(action)
         if pipe:
             return FUNCTIONS[pipe.group(1)](value)
-        return match.group(0)
+        return f"{{{{ {action} }}}}"
 
-    return _ACTION.sub(replace, template)
+    out: list[str] = []
+    position = 0
+    trim_next = False
+    for match in _ACTION.finditer(template):
+        text = template[position : match.start()]
+        if trim_next:
+            text = text.lstrip()
+        if match.group("left"):
+            text = text.rstrip()
+        out += (text, fill(match.group("action")))
+        trim_next = match.group("right") is not None
+        position = match.end()
+    tail = template[position:]
+    out.append(tail.lstrip() if trim_next else tail)
+    return "".join(out)

@@ -149,3 +149,19 @@ def test_every_supported_action_renders_any_float(value: float) -> None:
         ' {{ $value | humanizeDuration }} {{ printf "%.3g" $value }} {{ $labels.route }}'
     )
     assert "{{" not in render(text, value=value, labels={"route": "r"})
+
+
+def test_trim_markers_drop_the_white_space_beside_them_as_go_does() -> None:
+    text = "value:\n  {{- $value -}}  \n%"
+    assert check(text) is None
+    assert render(text, value=0.5, labels={}) == "value:0.5%"
+
+
+def test_a_dash_without_white_space_is_not_a_trim_marker() -> None:
+    assert check("{{-3}}") is not None
+
+
+def test_printf_of_an_integer_verb_is_refused_with_the_float_verb_to_use() -> None:
+    error = check('{{ printf "%d" $value }}')
+    assert error is not None
+    assert '"%.0f"' in error

@@ -189,6 +189,9 @@ class AlertingStage:
         their windows and alerts). Runs on the worker, between evaluations."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._worker, self._replace_rules, tuple(rules))
+        # On the loop, where _deliver keeps it: an alert of a changed rule that fires again
+        # is logged again.
+        self._logged.clear()
 
     def _replace_rules(self, rules: tuple[Rule, ...]) -> None:
         """Worker thread only."""

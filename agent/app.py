@@ -33,6 +33,7 @@ from semhealth.agent.relevance import Settings as RelevanceSettings
 from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
 from semhealth.agent.telemetry import OTLPSettings, Telemetry
 from semhealth.agent.telemetry import Settings as TelemetrySettings
+from semhealth.alerts.model import Rule
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
@@ -277,14 +278,12 @@ class Agent:
         if scoring is not None:
             await scoring.aclose()
 
-    async def reload_alerts(self, config: Config) -> int:
-        """Evaluate the alert rules of ``config`` (validated by ``load_config``) from now on;
-        the rest of ``config`` is not reloaded. Returns how many rules run."""
+    async def reload_alerts(self, rules: Sequence[Rule]) -> None:
+        """Evaluate ``rules`` from now on (``Alerts.load_rules()`` of a configuration loaded
+        again); nothing else is reloaded."""
         if self.alerting is None:
             raise RuntimeError("alerts were off at start-up; restart to turn them on")
-        rules = config.alerts.load_rules()
         await self.alerting.reload(rules)
-        return len(rules)
 
     @property
     def proxy_url(self) -> str:

@@ -32,10 +32,12 @@ from semhealth.agent.config import (
     schema_text,
 )
 from semhealth.agent.errors import ConfigIssue, SemhealthError
+from semhealth.alerts.errors import AlertsError
 from semhealth.embeddings.errors import EmbeddingError
 
 if TYPE_CHECKING:
     from semhealth.agent.app import Agent
+    from semhealth.alerts.model import Rule
     from semhealth.embeddings.backend import Backend
     from semhealth.embeddings.config import Encoder
 
@@ -204,13 +206,18 @@ async def _run(args: argparse.Namespace) -> int:
 async def _reload_rules(agent: Agent, args: argparse.Namespace) -> None:
     """SIGHUP: load the configuration again and evaluate its alert rules from now on. A bad
     file keeps the running rules, as a Prometheus reload does."""
+
+    def load() -> tuple[Rule, ...]:
+        # Checked and loaded in one go: a rules file edited in between cannot slip through.
+        return load_config(args.config, os.environ, _overrides(args)).alerts.load_rules()
+
     try:
-        config = await asyncio.to_thread(load_config, args.config, os.environ, _overrides(args))
-        count = await agent.reload_alerts(config)
-    except (ConfigError, RuntimeError) as exc:
+        rules = await asyncio.to_thread(load)
+        await agent.reload_alerts(rules)
+    except (ConfigError, AlertsError, RuntimeError) as exc:
         log.error("alert rules not reloaded; the running rules stay:\n%s", exc)
         return
-    log.info("alert rules reloaded from %s: %d rules", args.config, count)
+    log.info("alert rules reloaded from %s: %d rules", args.config, len(rules))
 
 
 async def _demo(args: argparse.Namespace) -> int:

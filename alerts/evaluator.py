@@ -196,6 +196,7 @@ class _Group:
             added = self.baseline.add(value, t) or added
         if added:
             self.last_sample_t = max(self.last_sample_t, t)
+            self.measured = None  # a snapshot must see this sample
         return added
 
     def prune(self, now: float, rule: Rule, baseline_slot_s: float) -> None:
@@ -242,6 +243,29 @@ class _RuleState:
         self.group_labels = rule.group_labels
         self.match = tuple(rule.match.items())
         self.groups: dict[tuple[str, ...], _Group] = {}
+
+    def window_shape(self) -> tuple[object, ...]:
+        """What a group's windows depend on: rules that agree on it can share groups."""
+        rule = self.rule
+        return (
+            rule.signal,
+            self.match,
+            self.group_labels,
+            self.slot_s,
+            self.baseline_slot_s,
+            self.span_s,
+            self.quantiles,
+            self.alpha,
+            self.max_buckets,
+        )
+
+    def take_groups(self, old: _RuleState) -> None:
+        """Carry ``old``'s groups, windows and alerts over to this changed version of the
+        same rule; alert labels follow this version's labels."""
+        for key, group in old.groups.items():
+            group.alert_labels = self.new_group(key).alert_labels
+            group.measured = None
+            self.groups[key] = group
 
     def accepts(self, labels: Mapping[str, str]) -> bool:
         for name, value in self.match:
@@ -372,23 +396,31 @@ class Evaluator:
         return tuple(state.rule for state in self._rules)
 
     def replace_rules(self, rules: Iterable[Rule]) -> None:
-        """Evaluate ``rules`` from now on. A rule identical to a running one keeps its windows
-        and alerts; a changed or new rule starts empty; a removed rule's alerts are no longer
-        sent, so Alertmanager ends them at their ``ends_at``, as after a Prometheus reload."""
+        """Evaluate ``rules`` from now on, carrying state over by rule name, as a Prometheus
+        reload carries active alerts over.
+
+        A rule whose windows keep their shape (a new threshold, ``for``, labels, annotations
+        or description) keeps its groups, windows and alerts. One whose windows change shape
+        (signal, aggregation, window, baseline, ``match``, ``group_by``) starts empty, and
+        so does a new rule. A removed rule's alerts are no longer sent, so Alertmanager ends
+        them at their ``ends_at``.
+        """
         alpha, relative_alpha, max_buckets = self._accuracy
         running = list(self._rules)
         states = []
         for rule in rules:
-            same = next((state for state in running if state.rule == rule), None)
-            if same is not None:
-                running.remove(same)
-                states.append(same)
-            else:
-                states.append(
-                    _RuleState(
-                        rule, alpha=alpha, relative_alpha=relative_alpha, max_buckets=max_buckets
-                    )
-                )
+            old = next((state for state in running if state.rule.name == rule.name), None)
+            if old is not None:
+                running.remove(old)
+            if old is not None and old.rule == rule:
+                states.append(old)
+                continue
+            state = _RuleState(
+                rule, alpha=alpha, relative_alpha=relative_alpha, max_buckets=max_buckets
+            )
+            if old is not None and old.window_shape() == state.window_shape():
+                state.take_groups(old)
+            states.append(state)
         self._rules = tuple(states)
         self._by_signal = {}
         for state in self._rules:
@@ -526,14 +558,23 @@ class Evaluator:
         )
 
     def snapshot(self, now: float) -> list[RuleStatus]:
-        """Every rule and its groups, with values measured at ``now``; changes nothing."""
-        return [self._rule_status(state, now) for state in self._rules]
+        """Every rule and its groups, with values measured at ``now``; changes nothing.
 
-    def _rule_status(self, state: _RuleState, now: float) -> RuleStatus:
+        A rule whose groups cannot be measured (a bug, already counted by ``evaluate``) is
+        listed without groups rather than costing the other rules their status."""
+        statuses = []
+        for state in self._rules:
+            try:
+                statuses.append(self._rule_status(state, now))
+            except Exception:
+                statuses.append(self._rule_status(state, now, with_groups=False))
+        return statuses
+
+    def _rule_status(self, state: _RuleState, now: float, with_groups: bool = True) -> RuleStatus:
         rule = state.rule
         ordered = sorted(state.groups.values(), key=lambda group: tuple(group.labels.values()))
         statuses = []
-        for group in ordered:
+        for group in ordered if with_groups else ():
             statuses.append(self._group_status(state, group, now))
             self._pause()
         groups = tuple(statuses)

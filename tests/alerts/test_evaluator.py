@@ -615,15 +615,71 @@ def test_replacing_rules_keeps_the_state_of_a_rule_that_did_not_change() -> None
     assert statuses[1].groups == ()  # a new rule starts with empty windows
 
 
-def test_a_changed_rule_starts_over_and_a_removed_one_is_no_longer_sent() -> None:
+def test_a_new_threshold_keeps_the_groups_and_resolves_what_no_longer_breaches() -> None:
+    clock = Clock(RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    clock.evaluator.replace_rules([replace(RELEVANCE, threshold=0.4)])
+    clock.at(30.0)
+    alert = clock.outbox.last
+    assert (alert.state, alert.fired_at, alert.resolved_at) == ("resolved", 15.0, 30.0)
+
+
+def test_a_changed_description_keeps_a_firing_alert_firing() -> None:
+    clock = Clock(RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    clock.evaluator.replace_rules([replace(RELEVANCE, description="reworded")])
+    clock.at(30.0)
+    assert (clock.group().state, clock.group().fired_at) == ("firing", 15.0)
+
+
+def test_a_rule_whose_windows_change_shape_starts_over() -> None:
+    clock = Clock(RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    clock.evaluator.replace_rules([replace(RELEVANCE, window_s=600.0)])
+    assert clock.evaluator.snapshot(30.0)[0].groups == ()
+
+
+def test_a_removed_rule_is_no_longer_evaluated_or_sent() -> None:
     clock = Clock(RELEVANCE)
     clock.feed(0.5, t=1.0)
     clock.at(15.0)
     sent = len(clock.outbox.calls)
-    clock.evaluator.replace_rules([replace(RELEVANCE, threshold=0.4)])
-    clock.feed(0.5, t=20.0)
-    clock.run(30.0, 200.0)
-    assert len(clock.outbox.calls) == sent  # 0.5 is fine under the new threshold
-    assert clock.group().state == "inactive"
     clock.evaluator.replace_rules([])
-    assert clock.evaluator.snapshot(200.0) == []
+    clock.run(30.0, 300.0)
+    assert clock.evaluator.snapshot(300.0) == []
+    assert len(clock.outbox.calls) == sent
+
+
+def test_a_rule_that_cannot_be_measured_is_listed_without_groups_and_the_others_still_are() -> None:
+    class Exploding(Thresholds):
+        def for_value(self, value: str | None) -> float | None:
+            if value == "boom":
+                raise RuntimeError("a bug")
+            return 0.75
+
+    broken = replace(
+        RELEVANCE, name="Broken", threshold=Exploding(label="route", values={}), group_by=()
+    )
+    clock = Clock(broken, RELEVANCE)
+    clock.feed(0.5, t=1.0)  # both rules take it (route "chat")
+    broken_state = clock.evaluator._rules[0]
+    (group,) = broken_state.groups.values()
+    group.labels["route"] = "boom"  # from now on, measuring this group's threshold fails
+    clock.at(15.0)
+    statuses = clock.evaluator.snapshot(15.0)
+    assert [(s.name, len(s.groups)) for s in statuses] == [
+        ("Broken", 0),
+        ("ContextRelevanceLow", 1),
+    ]
+    assert statuses[1].groups[0].state == "firing"
+
+
+def test_a_sample_after_an_evaluation_shows_in_a_snapshot_at_the_same_time() -> None:
+    clock = Clock(RELEVANCE)
+    clock.feed(0.5, t=1.0)
+    clock.at(15.0)
+    clock.feed(1.0, t=14.0, count=9)
+    assert clock.evaluator.snapshot(15.0)[0].groups[0].samples == 10

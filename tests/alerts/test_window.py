@@ -292,9 +292,9 @@ def test_window_refuses_nonsense_sizes(slot_s: float, span_s: float) -> None:
         Window(slot_s=slot_s, span_s=span_s)
 
 
-def merged_slots(window: Window, first: int, stop: int) -> Sketch:
+def merged_slots(window: Window, first: int, stop: int, max_buckets: int) -> Sketch:
     """The reference summary: every slot in range merged one by one, no running total."""
-    merged = Sketch()
+    merged = Sketch(max_buckets=max_buckets)
     for index, slot in window._slots.items():
         if first <= index < stop:
             merged.merge(slot)
@@ -323,7 +323,7 @@ def test_a_summary_from_the_running_total_equals_merging_its_slots(
     if prune_at is not None:
         window.prune(prune_at)
     summary = window.summary_of_slots(first, first + length)
-    reference = merged_slots(window, first, first + length)
+    reference = merged_slots(window, first, first + length, max_buckets)
     assert summary.count == reference.count
     assert summary.sum == pytest.approx(reference.sum, rel=1e-12, abs=1e-12)
     assert (summary.min, summary.max) == (reference.min, reference.max)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-import orjson
+from _workload import MODEL, analyse, json_mode_request, json_mode_stream, per_call_us
 
 from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
@@ -62,20 +62,16 @@ from semhealth.alerts.evaluator import (
     DEFAULT_MAX_GROUPS_PER_RULE,
     SLOTS_PER_WINDOW,
 )
-from semhealth.collectors.collector import Exchange, StreamCollector
-from semhealth.collectors.config import Config
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.relevance import RelevanceScores
 
 T = TypeVar("T")
 
-TOKENS = 50
 BATCH = 50  # calls timed together, so the clock's own cost stays out of the figure
 RECORD_BATCH = 5  # recording takes milliseconds: smaller batches give more figures
 SLICES = 5  # part 1: each repeat's seconds per row, in this many turns
 PROBE_SLEEP_S = 0.001
 NOW = 1_800_000_000.0  # the evaluation time of parts 2 and 3, in wall-clock Unix seconds
-MODEL = "gpt-4o-mini"
 # Samples the stage may hold while its fill waits for a drain: about 100 MB of them.
 FILL_PENDING = 1_000_000
 # What the fill gives each signal the default rules watch: healthy values, far enough under
@@ -166,66 +162,6 @@ def check_options(options: Options) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the stream
-
-
-def _request() -> bytes:
-    # The request and stream of bench/record_cost.py, so the two benches' figures compare.
-    return orjson.dumps(
-        {
-            "model": MODEL,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "response_format": {"type": "json_object"},
-            "messages": [
-                {"role": "system", "content": "You extract invoice fields as JSON. " * 20},
-                {"role": "user", "content": "Extract the fields of invoice 4711."},
-            ],
-        }
-    )
-
-
-def _stream() -> list[bytes]:
-    answer = orjson.dumps({"invoice": 4711, "items": [f"item {i}" for i in range(20)]}).decode()
-    step = max(len(answer) // TOKENS, 1)
-    pieces = [answer[i : i + step] for i in range(0, len(answer), step)]
-    chunks = []
-    for piece in pieces:
-        delta = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
-        event = {"id": "c", "object": "chat.completion.chunk", "model": MODEL, **delta}
-        chunks.append(b"data: " + orjson.dumps(event) + b"\n\n")
-    usage = {"prompt_tokens": 300, "completion_tokens": len(pieces), "total_tokens": 0}
-    tail = {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": usage}
-    chunks.append(b"data: " + orjson.dumps(tail) + b"\n\ndata: [DONE]\n\n")
-    return chunks
-
-
-def analyse(chunks: list[bytes], body: bytes) -> StreamRecord:
-    exchange = Exchange(
-        method="POST", path="/v1/chat/completions", start_ns=0, status=200,
-        content_type="text/event-stream", content_encoding=None, response_ns=1_000_000,
-        request_body=body,
-    )  # fmt: skip
-    collector = StreamCollector(exchange, Config())
-    t = 50_000_000
-    for chunk in chunks:
-        t += 20_000_000
-        collector.feed(chunk, t)
-    return collector.finish(t + 1_000_000)
-
-
-# --------------------------------------------------------------------------- timing
-
-
-def per_call_us(fn: Callable[[], object], seconds: float, batch: int = BATCH) -> list[float]:
-    """µs per call, one figure per ``batch`` calls."""
-    samples = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        began = time.perf_counter_ns()
-        for _ in range(batch):
-            fn()
-        samples.append((time.perf_counter_ns() - began) / batch / 1000)
-    return samples
 
 
 def timed_s(fn: Callable[[], object]) -> float:
@@ -612,7 +548,7 @@ def print_per_stream(rows: Sequence[Row], record: StreamRecord, samples: StreamS
     base = rows[0].median
     names = sorted({sample.name for sample in samples.recorded + samples.relevance})
     print(
-        f"1. per finished stream: {len(_stream())}-chunk JSON-mode OpenAI chat stream, "
+        f"1. per finished stream: {len(json_mode_stream())}-chunk JSON-mode OpenAI chat stream, "
         f"{len(record.delta_ns)} deltas; {len(samples.recorded)} samples recorded "
         f"(+{len(samples.relevance)} with relevance scores): {', '.join(names)}"
     )
@@ -825,7 +761,7 @@ def report(options: Options, conn: Connection) -> None:
     if conn.recv() != "ready":
         raise RuntimeError("the loop-delay child did not get ready")
     filled = time.perf_counter() - started
-    record = analyse(_stream(), _request())
+    record = analyse(json_mode_stream(), json_mode_request())
     if not (record.output_text and record.request.structure):
         raise RuntimeError("the bench stream must be a structured (JSON mode) one")
     samples = stream_samples(record)

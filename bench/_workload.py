@@ -1,0 +1,75 @@
+"""The stream the recording benches share: one JSON-mode OpenAI chat exchange, analysed from
+its bytes, and a per-call timer. One definition, so their figures compare."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import orjson
+
+from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.config import Config
+from semhealth.collectors.record import StreamRecord
+
+TOKENS = 50
+MODEL = "gpt-4o-mini"
+
+
+def json_mode_request() -> bytes:
+    return orjson.dumps(
+        {
+            "model": MODEL,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "response_format": {"type": "json_object"},
+            "messages": [
+                {"role": "system", "content": "You extract invoice fields as JSON. " * 20},
+                {"role": "user", "content": "Extract the fields of invoice 4711."},
+            ],
+        }
+    )
+
+
+def json_mode_stream() -> list[bytes]:
+    """SSE chunks of a JSON answer cut into about ``TOKENS`` deltas, then usage and [DONE]."""
+    answer = orjson.dumps({"invoice": 4711, "items": [f"item {i}" for i in range(20)]}).decode()
+    step = max(len(answer) // TOKENS, 1)
+    pieces = [answer[i : i + step] for i in range(0, len(answer), step)]
+    chunks = []
+    for piece in pieces:
+        delta = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+        event = {"id": "c", "object": "chat.completion.chunk", "model": MODEL, **delta}
+        chunks.append(b"data: " + orjson.dumps(event) + b"\n\n")
+    usage = {"prompt_tokens": 300, "completion_tokens": len(pieces), "total_tokens": 0}
+    tail = {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    chunks.append(b"data: " + orjson.dumps(tail) + b"\n\ndata: [DONE]\n\n")
+    return chunks
+
+
+def analyse(chunks: list[bytes], body: bytes) -> StreamRecord:
+    """The record the agent's tap would build, with chunks 20 ms apart."""
+    exchange = Exchange(
+        method="POST", path="/v1/chat/completions", start_ns=0, status=200,
+        content_type="text/event-stream", content_encoding=None, response_ns=1_000_000,
+        request_body=body,
+    )  # fmt: skip
+    collector = StreamCollector(exchange, Config())
+    t = 50_000_000
+    for chunk in chunks:
+        t += 20_000_000
+        collector.feed(chunk, t)
+    return collector.finish(t + 1_000_000)
+
+
+def per_call_us(fn: Callable[[], object], seconds: float, batch: int = 50) -> list[float]:
+    """µs per call, one figure per ``batch`` calls timed together (so the clock's own cost
+    stays out of the figure), for ``seconds``."""
+    samples = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        began = time.perf_counter_ns()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter_ns() - began) / batch / 1000)
+    return samples

@@ -14,9 +14,6 @@ it), where it fails: CI must never pass by skipping what it was meant to run.
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,9 +25,10 @@ from types import TracebackType
 from typing import Any
 
 import orjson
-import pytest
 
-REQUIRE_ENV = "REQUIRE_REAL_SERVERS"
+from tests.servers import free_port
+from tests.servers import require_binary as _require
+
 JOB = "semhealth"
 SCRAPE_INTERVAL_S = 1.0
 
@@ -43,31 +41,9 @@ _START_ATTEMPTS = 3  # a free port can be taken between our probe and Prometheus
 Result = list[dict[str, Any]]
 
 
-def find_binary(name: str) -> str | None:
-    """The path of a Prometheus tool (``prometheus``, ``promtool``), or None."""
-    return shutil.which(name) or shutil.which(name, path="/usr/bin")
-
-
-def required() -> bool:
-    """Whether a missing real server must fail the run instead of skipping it."""
-    return os.environ.get(REQUIRE_ENV) == "1"
-
-
 def require_binary(name: str) -> str:
-    """The path of a Prometheus tool; skip without it, or fail where it is required."""
-    found = find_binary(name)
-    if found is not None:
-        return found
-    reason = f"{name} not found on PATH or in /usr/bin (Debian package: prometheus)"
-    if required():
-        pytest.fail(f"{reason}, and {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """The path of a Prometheus tool (``prometheus``, ``promtool``); see ``tests.servers``."""
+    return _require(name, "prometheus")
 
 
 def _config(target: str) -> str:
@@ -115,7 +91,7 @@ class PrometheusServer:
         config = self._workdir / "prometheus.yml"
         config.write_text(_config(self._target))
         for attempt in range(1, _START_ATTEMPTS + 1):
-            port = _free_port()
+            port = free_port()
             self._spawn(config, port)
             self.url = f"http://127.0.0.1:{port}"
             if self._wait_ready():

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from semhealth.agent.app import Agent
 from semhealth.agent.simulator import Script, ScriptRequest
 from tests.agent.conftest import agent_config, running_stack
+from tests.servers import free_port
 
 CHAT = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 UNUSED_UPSTREAM = "http://127.0.0.1:9"  # never contacted: these tests send no traffic
@@ -30,12 +31,6 @@ def _occupied_port() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield int(sock.getsockname()[1])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _refuses_connections(port: int) -> bool:
@@ -145,7 +140,7 @@ async def test_record_count_rises_after_one_proxied_request() -> None:
 
 
 async def test_start_that_fails_half_way_closes_the_admin_listener() -> None:
-    admin_port = _free_port()
+    admin_port = free_port()
     with _occupied_port() as proxy_port:
         agent = Agent(
             agent_config(
@@ -163,7 +158,7 @@ async def test_start_that_fails_half_way_closes_the_admin_listener() -> None:
 
 
 async def test_a_fresh_agent_starts_after_a_failed_start() -> None:
-    admin_port = _free_port()
+    admin_port = free_port()
     settings = {"listen.admin": f"127.0.0.1:{admin_port}"}
     with _occupied_port() as proxy_port:
         failed = Agent(

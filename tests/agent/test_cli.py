@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,15 +15,10 @@ import pytest
 
 from semhealth.agent.cli import main
 from semhealth.agent.simulator import Script, SimulatedUpstream
+from tests.servers import free_port
 
 TESTDATA = Path(__file__).parent / "testdata" / "config"
 EXAMPLE = Path(__file__).parents[2] / "examples" / "semhealth.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -72,7 +66,7 @@ async def _wait_ready(admin: str, deadline_s: float = 20.0) -> None:
 async def test_run_with_only_upstream_serves_traffic_and_stops_on_sigterm() -> None:
     upstream = SimulatedUpstream(lambda r: Script(pieces=("hello", " world")))
     await upstream.start()
-    proxy_port, admin_port = _free_port(), _free_port()
+    proxy_port, admin_port = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "semhealth.agent.cli", "run",
         "--upstream", upstream.url,
@@ -121,8 +115,8 @@ async def test_demo_runs_live_traffic_and_prints_a_summary() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "semhealth.agent.cli", "demo",
         "--duration", "4", "--rate", "10", "--seed", "7",
-        "--listen", f"127.0.0.1:{_free_port()}",
-        "--admin-listen", f"127.0.0.1:{_free_port()}",
+        "--listen", f"127.0.0.1:{free_port()}",
+        "--admin-listen", f"127.0.0.1:{free_port()}",
         env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), 60)
@@ -156,12 +150,12 @@ async def test_sighup_reloads_the_alert_rules_and_a_bad_file_keeps_the_running_o
 ) -> None:
     upstream = SimulatedUpstream(lambda r: Script(pieces=("hello",)))
     await upstream.start()
-    admin_port = _free_port()
+    admin_port = free_port()
     admin = f"http://127.0.0.1:{admin_port}"
     config = tmp_path / "semhealth.yaml"
     head = (
         f"upstream: {{url: '{upstream.url}'}}\n"
-        f"listen: {{proxy: '127.0.0.1:{_free_port()}', admin: '127.0.0.1:{admin_port}'}}\n"
+        f"listen: {{proxy: '127.0.0.1:{free_port()}', admin: '127.0.0.1:{admin_port}'}}\n"
     )
     config.write_text(head + "alerts:\n  rules:\n    - {name: StreamChoppy, enabled: false}\n")
     process = await asyncio.create_subprocess_exec(

@@ -9,7 +9,6 @@ compares with the same encoder run in this process. SIGTERM must stop it with st
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -27,6 +26,7 @@ from semhealth.embeddings.config import USE_MODEL
 from semhealth.embeddings.remote_scorer import RemoteScorerBackend
 from semhealth.embeddings.use import UseBackend
 from tests.embeddings.loopback import TEXTS, assert_same_scores, relevance_cases
+from tests.servers import free_port
 
 ENCODER = "multilingual"
 START_S = 60.0  # loading USE takes a few seconds; a loaded CI machine can take many more
@@ -53,14 +53,6 @@ class Scorer:
 
     def stderr(self) -> str:
         return self.log.read_text("utf-8", errors="replace")
-
-
-def free_port() -> int:
-    """A loopback port free a moment ago (bound, then released for the scorer to take)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def start_scorer(folder: Path) -> Scorer:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -44,6 +43,7 @@ from tests.agent.otlp_receiver import (
     latest_metrics,
     resource_attributes,
 )
+from tests.servers import free_port
 
 T = TypeVar("T")
 Receiver = GrpcReceiver | HttpReceiver
@@ -176,12 +176,6 @@ async def _records_within(stack: Stack, n: int, timeout_s: float) -> int:
         return len(await stack.wait_records(n, timeout_s))
     except AssertionError:
         return len(stack.records)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _attrs(**pairs: str) -> frozenset[tuple[str, str]]:
@@ -460,7 +454,7 @@ async def _outage(kind: str) -> Outage:
     if kind in ("grpc closed port", "http closed port"):
         protocol = "grpc" if kind.startswith("grpc") else "http/protobuf"
         path = "" if protocol == "grpc" else "/v1/metrics"
-        otlp = _outage_settings(f"http://127.0.0.1:{_free_port()}{path}", protocol)
+        otlp = _outage_settings(f"http://127.0.0.1:{free_port()}{path}", protocol)
         return Outage(*await _through_outage(otlp), attempts=None)
     failing: Receiver = (
         GrpcReceiver(fail_with=grpc.StatusCode.UNAVAILABLE)

@@ -57,13 +57,8 @@ from semhealth.agent.tap import TapStats
 from semhealth.agent.telemetry import Settings as TelemetrySettings
 from semhealth.agent.telemetry import Telemetry
 from tests.agent.conftest import Stack, ThreadedStack
-from tests.agent.prometheus_server import (
-    PrometheusServer,
-    find_binary,
-    require_binary,
-    required,
-    scalar,
-)
+from tests.agent.prometheus_server import PrometheusServer, require_binary, scalar
+from tests.servers import find_binary, required
 
 TTFT_S = 0.15
 STEADY_GAPS_S = (0.02,) * 6

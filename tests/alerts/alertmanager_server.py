@@ -17,9 +17,6 @@ it), where it fails: CI must never pass by skipping what it was meant to run.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,10 +26,11 @@ from typing import Any, Protocol
 
 import aiohttp
 import orjson
-import pytest
 from aiohttp import web
 
-REQUIRE_ENV = "REQUIRE_REAL_SERVERS"
+from tests.servers import free_port
+from tests.servers import require_binary as _require
+
 BINARY = "prometheus-alertmanager"
 GROUP_INTERVAL_S = 1.0
 
@@ -44,30 +42,9 @@ _START_ATTEMPTS = 3  # a free port can be taken between our probe and Alertmanag
 Payload = dict[str, Any]
 
 
-def find_binary(name: str = BINARY) -> str | None:
-    return shutil.which(name) or shutil.which(name, path="/usr/bin")
-
-
-def required() -> bool:
-    """Whether a missing real server must fail the run instead of skipping it."""
-    return os.environ.get(REQUIRE_ENV) == "1"
-
-
 def require_binary(name: str = BINARY) -> str:
-    """The path of Alertmanager; skip without it, or fail where it is required."""
-    found = find_binary(name)
-    if found is not None:
-        return found
-    reason = f"{name} not found on PATH or in /usr/bin (Debian package: prometheus-alertmanager)"
-    if required():
-        pytest.fail(f"{reason}, and {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """The path of Alertmanager; see ``tests.servers``."""
+    return _require(name, "prometheus-alertmanager")
 
 
 def dead_url() -> str:

@@ -20,7 +20,10 @@ from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import ConfigError, check_config_file, load_config, load_relevance
 from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.embeddings.local import LocalBackend
-from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post, value, wait_for
+from tests.agent.test_relevance_e2e import (
+    answer,
+    post_one_and_wait_scored,
+)
 from tests.embeddings.bearer import KEY, Gate, keyed_server
 
 VARIABLE = "SEMHEALTH_TEST_TEI_KEY"
@@ -171,14 +174,7 @@ async def test_a_sidecar_scores_through_a_keyed_tei_server_without_showing_the_k
             await agent.start()
             try:
                 async with aiohttp.ClientSession() as session:
-                    query, context = RELEVANT[0]
-                    await post(session, agent.proxy_url, chat("fits", query, context))
-
-                    async def scored() -> bool:
-                        samples = await metrics(session, agent)
-                        return value(samples, "semhealth_relevance_scored_total") == 1
-
-                    await wait_for(scored)
+                    await post_one_and_wait_scored(session, agent)
                     async with session.get(agent.admin_url + "/metrics") as response:
                         exposition = await response.text()
             finally:

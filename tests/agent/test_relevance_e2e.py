@@ -152,6 +152,18 @@ async def wait_for(check: Any, timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def post_one_and_wait_scored(session: aiohttp.ClientSession, agent: Agent) -> None:
+    """One relevant request to model "fits" through the sidecar, then wait for its score."""
+    query, context = RELEVANT[0]
+    await post(session, agent.proxy_url, chat("fits", query, context))
+
+    async def scored() -> bool:
+        samples = await metrics(session, agent)
+        return value(samples, "semhealth_relevance_scored_total") == 1
+
+    await wait_for(scored)
+
+
 # -- scores reach the histograms ---------------------------------------------------------------
 
 

@@ -25,7 +25,12 @@ from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
 from semhealth.embeddings.scorer_service import ScorerServer, serve_scorer
-from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post, value, wait_for
+from tests.agent.test_relevance_e2e import (
+    answer,
+    metrics,
+    post_one_and_wait_scored,
+    value,
+)
 
 SERVED = "default"
 
@@ -90,14 +95,7 @@ async def test_a_request_is_scored_through_the_configured_scorer(
             await agent.start()
             try:
                 async with aiohttp.ClientSession() as session:
-                    query, context = RELEVANT[0]
-                    await post(session, agent.proxy_url, chat("fits", query, context))
-
-                    async def scored() -> bool:
-                        samples = await metrics(session, agent)
-                        return value(samples, "semhealth_relevance_scored_total") == 1
-
-                    await wait_for(scored)
+                    await post_one_and_wait_scored(session, agent)
                     samples = await metrics(session, agent)
                     count = "semantic_health_context_relevance_score_count"
                     assert value(samples, count, model="fits") == 1

@@ -23,10 +23,11 @@ from aiohttp import web
 from semhealth.agent.admin import build_admin_app
 from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
+from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.config import Address, Config, Relevance
 from semhealth.agent.contracts import load_contracts
+from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
 from semhealth.agent.errors import RelevanceStartError
-from semhealth.agent.proxy import Proxy, UpstreamSettings
 from semhealth.agent.recorder import RecorderSettings
 from semhealth.agent.relevance import RelevanceStage
 from semhealth.agent.relevance import Settings as RelevanceSettings
@@ -67,6 +68,10 @@ class Settings:
     # Replaces the configured encoder's backend (the caller keeps it open and closes it):
     # tests share one loaded model between agents this way.
     embedding_backend: Backend | None = None
+    # The analysis process: no relay; copies come from forwarders over ``tap_socket`` and the
+    # admin app listens on ``admin_socket`` (the forwarder's admin front relays to it).
+    tap_socket: str | None = None
+    admin_socket: str | None = None
 
 
 def telemetry_settings(config: Config) -> TelemetrySettings:
@@ -182,13 +187,16 @@ def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
 
 
 class Agent:
-    """The sidecar: proxy listener, admin listener, tap, relevance scoring and telemetry."""
+    """The sidecar's planes in one process (tests, the demo, embedding), or, with
+    ``Settings.tap_socket``, the analysis process that forwarders feed.
+
+    Either way: admin listener, tap, relevance scoring, alerting and telemetry.
+    """
 
     def __init__(self, config: Config, settings: Settings | None = None) -> None:
         self._config = config
         self._settings = settings or Settings()
         stats = TapStats()
-        proxy: Proxy | None = None
         self.relevance: RelevanceStage | None = None  # set by start() when scoring runs
         self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
         self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
@@ -198,7 +206,7 @@ class Agent:
         self.telemetry = Telemetry(
             self._settings.telemetry or telemetry_settings(config),
             tap_stats=stats,
-            active_streams=lambda: proxy.active_streams if proxy is not None else 0,
+            active_streams=self._active_streams,
             relevance_stats=lambda: self.relevance.stats if self.relevance is not None else None,
             cache_stats=lambda: _cache_stats(self._batchers),
             consume_sample=alerting.observe if alerting is not None else None,
@@ -211,12 +219,19 @@ class Agent:
             stats=stats,
             observe_analysis=self.telemetry.observe_analysis,
         )
-        self.proxy = proxy = Proxy(upstream_settings(config), self.tap)
-        self._proxy_runner: web.BaseRunner | None = None
+        in_process = self._settings.tap_socket is None
+        self.proxy = Relay(upstream_settings(config), self.tap) if in_process else None
+        self.receiver = None if in_process else TapReceiver(self.tap)
+        self._proxy_listening = False
         self._admin_runner: web.BaseRunner | None = None
         self._ready = False
         self.proxy_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+
+    def _active_streams(self) -> int:
+        if self.proxy is not None:
+            return self.proxy.active_streams
+        return self.receiver.active_streams() if self.receiver is not None else 0
 
     def _consume_record(self, record: StreamRecord) -> None:
         for consume in self._consumers:
@@ -302,7 +317,6 @@ class Agent:
         try:
             await self._start_relevance()
             await self.tap.start()
-            await self.proxy.start()
             admin = build_admin_app(
                 ready=self.ready,
                 render_metrics=self.telemetry.render_prometheus,
@@ -311,7 +325,12 @@ class Agent:
             self._admin_runner = web.AppRunner(
                 admin, access_log=None, handle_signals=False, shutdown_timeout=1.0
             )
-            self.admin_address = await _listen(self._admin_runner, self._config.listen.admin)
+            if self.receiver is not None:
+                assert self._settings.tap_socket is not None
+                await self.receiver.start(self._settings.tap_socket)
+            self.admin_address = await _listen(
+                self._admin_runner, self._config.listen.admin, self._settings.admin_socket
+            )
             if self.alerting is not None:
                 alerts = self._config.alerts
                 base = alerts.external_url or self.admin_url
@@ -322,24 +341,21 @@ class Agent:
                         base,
                     )
                 await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
-            server = web.Server(self.proxy.handle, handler_cancellation=True, access_log=None)
-            # In-flight exchanges get most of the shutdown deadline to finish.
-            self._proxy_runner = web.ServerRunner(
-                server,
-                handle_signals=False,
-                shutdown_timeout=self._settings.shutdown_timeout_s * 0.6,
-            )
-            self.proxy_address = await _listen(self._proxy_runner, self._config.listen.proxy)
+            if self.proxy is not None:
+                listen = self._config.listen.proxy
+                self._proxy_listening = True
+                self.proxy_address = await self.proxy.start(listen.host, listen.port)
         except BaseException:
             await self.shutdown()
             raise
         self._ready = True
-        log.info(
-            "semhealth listening: proxy %s -> upstream %s, admin %s",
-            self.proxy_url,
-            self._config.upstream.url,
-            self.admin_url,
-        )
+        if self.proxy is not None:
+            log.info(
+                "semhealth listening: proxy %s -> upstream %s, admin %s",
+                self.proxy_url,
+                self._config.upstream.url,
+                self.admin_url,
+            )
 
     async def shutdown(self) -> None:
         """Stop intake, let open exchanges finish within the deadline, flush analysis."""
@@ -355,10 +371,14 @@ class Agent:
                 log.error("shutdown of %s failed: %r", name, exc)
                 errors.append(exc)
 
-        proxy_runner, self._proxy_runner = self._proxy_runner, None
-        if proxy_runner is not None:
-            await step("proxy listener", proxy_runner.cleanup())
-        await step("upstream session", self.proxy.shutdown())
+        if self.receiver is not None:
+            # Forwarders stop first; what they sent is already queued in the tap.
+            await step("tap receiver", self.receiver.shutdown())
+        if self._proxy_listening and self.proxy is not None:
+            self._proxy_listening = False
+            # In-flight exchanges get most of the shutdown deadline to finish.
+            drain_s = self._settings.shutdown_timeout_s * 0.6
+            await step("proxy listener", self.proxy.shutdown(drain_s))
         await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
         # After the tap: its last records may still be handed to the stage.
         await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
@@ -376,15 +396,16 @@ class Agent:
             raise ExceptionGroup("semhealth shutdown had failures", errors)
 
 
-async def _listen(runner: web.BaseRunner, address: Address) -> tuple[str, int]:
+async def _listen(
+    runner: web.BaseRunner, address: Address, unix_path: str | None = None
+) -> tuple[str, int]:
     await runner.setup()
+    if unix_path is not None:
+        await web.UnixSite(runner, unix_path).start()
+        return address.host, address.port  # the forwarder's admin front listens there
     host, port = address.host, address.port
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    server = site._server  # the bound port matters when 0 was asked for
-    assert server is not None
-    sockets = getattr(server, "sockets", None) or ()
-    bound = sockets[0].getsockname() if sockets else (host, port)
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    bound = runner.addresses[-1]  # the bound port matters when 0 was asked for
     return bound[0], bound[1]
 
 

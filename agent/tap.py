@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from semhealth.agent.dataplane.sink import Outcome
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config as CollectorsConfig
 from semhealth.collectors.record import StreamRecord
@@ -50,16 +51,6 @@ class TapStats:
 
     def unanalysed(self, reason: str) -> None:
         self.requests_unanalysed[reason] = self.requests_unanalysed.get(reason, 0) + 1
-
-
-@dataclass(slots=True, kw_only=True)
-class Outcome:
-    """How an exchange ended, from the proxy's side."""
-
-    end_ns: int
-    client_aborted: bool = False
-    upstream_aborted: bool = False
-    error_type: str | None = None
 
 
 class TapStream:
@@ -112,6 +103,9 @@ class Tap:
         self._task: asyncio.Task[None] | None = None
         self._accepting = True
         self.stats = stats or TapStats()
+
+    def unanalysed(self, reason: str) -> None:
+        self.stats.unanalysed(reason)
 
     def open_stream(self, exchange: Exchange) -> TapStream:
         self.stats.streams_opened += 1

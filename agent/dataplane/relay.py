@@ -1,0 +1,1108 @@
+"""The relay: an HTTP/1.1 reverse proxy to one fixed upstream, at the level of asyncio
+Protocols, with llhttp (``httptools``) parsing both directions.
+
+Why by hand: a framework server and client (aiohttp, as before) parse, re-case and rebuild
+every header, buffer through two stream readers, and cost 50-60 µs of CPU per chunk. Here a
+chunk of the upstream's body is parsed once (to know where the message ends and to give
+analysis the decoded body) and the same bytes are written to the client, framing included:
+chunk sizes, extensions and trailers reach the client as the upstream sent them. Only the
+head is rebuilt, from the raw header fields in their order and case, less the hop-by-hop
+fields (RFC 9110 §7.6.1).
+
+Per upstream read: note the arrival time, parse, write to the client, then offer the body
+copy to the tap (which never blocks). A slow client pauses reading from the upstream and a
+slow upstream pauses reading from the client, so nothing is buffered beyond the transports'
+watermarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+import httptools
+import orjson
+
+from semhealth.agent.dataplane.sink import Outcome, StreamTap, TapSink
+from semhealth.collectors.collector import Exchange
+
+log = logging.getLogger(__name__)
+
+# RFC 9110 §7.6.1. Transfer-Encoding is handled apart: it goes with the body framing.
+_HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"proxy-authenticate"}
+)
+_REQUEST_DROP = _HOP_BY_HOP | {b"host", b"transfer-encoding", b"proxy-authorization", b"trailer"}
+_MAX_HEAD_BYTES = 64 * 1024
+_RETRY_KEEP_BYTES = 64 * 1024  # a request this small is resent when a pooled connection was stale
+_POOL_MAX_IDLE = 256
+_POOL_IDLE_S = 30.0
+_WRITE_HIGH = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamSettings:
+    """Where the relay connects, and how long it waits."""
+
+    url: str  # http(s)://host[:port][/base]
+    verify: bool = True
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0
+    total_timeout_s: float | None = None
+    max_request_bytes: int = 1 << 20  # larger bodies are forwarded, not copied for analysis
+    unix_path: str | None = None  # connect here instead of host:port (the admin front)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenSettings:
+    header_timeout_s: float = 30.0  # from a request's first byte to its last header
+    keepalive_timeout_s: float = 75.0  # an idle client connection is closed after this
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """Counters the telemetry reads; plain ints, updated on the relay's loop only."""
+
+    connections: int = 0
+    requests: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # malformed requests, by reason
+    errors: dict[str, int] = field(default_factory=dict)  # the relay's own 502/504, by kind
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+class _Target:
+    """The upstream, parsed once."""
+
+    def __init__(self, settings: UpstreamSettings) -> None:
+        url = httptools.parse_url(settings.url.encode())
+        scheme = (url.schema or b"http").lower()
+        if scheme not in (b"http", b"https"):
+            raise ValueError(f"upstream url must be http or https, not {scheme.decode()!r}")
+        self.tls = scheme == b"https"
+        self.host = (url.host or b"").decode()
+        self.port = url.port or (443 if self.tls else 80)
+        default_port = (self.tls and self.port == 443) or (not self.tls and self.port == 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.authority = (host if default_port else f"{host}:{self.port}").encode()
+        self.base = (url.path or b"").rstrip(b"/")
+        self.unix_path = settings.unix_path
+        self.ssl = _ssl_context(settings) if self.tls else None
+
+
+def _ssl_context(settings: UpstreamSettings) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=settings.ca_file)
+    if not settings.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if settings.client_cert:
+        context.load_cert_chain(settings.client_cert, settings.client_key)
+    return context
+
+
+def error_body(kind: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"type": kind, "message": message, "source": "semhealth"}})
+
+
+def _error_response(status: int, reason: bytes, kind: str, message: str, close: bool) -> bytes:
+    """The relay's own answers, marked so they are never mistaken for the upstream's."""
+    body = error_body(kind, message)
+    head = [
+        b"HTTP/1.1 %d %s\r\n" % (status, reason),
+        b"Content-Type: application/json\r\n",
+        b"Content-Length: %d\r\n" % len(body),
+        b"X-Semhealth-Error: %s\r\n" % kind.encode(),
+    ]
+    if close:
+        head.append(b"Connection: close\r\n")
+    head.append(b"\r\n")
+    return b"".join(head) + body
+
+
+_ERRORS = {
+    "upstream_unreachable": (502, b"Bad Gateway", "semhealth could not reach the upstream"),
+    "upstream_timeout": (504, b"Gateway Timeout", "the upstream did not answer in time"),
+    "upstream_invalid_response": (
+        502,
+        b"Bad Gateway",
+        "the upstream's response was not valid HTTP/1.1",
+    ),
+    "not_ready": (503, b"Service Unavailable", "semhealth is starting or stopping"),
+}
+
+_REJECTS = {
+    "malformed": (400, b"Bad Request"),
+    "header_timeout": (408, b"Request Timeout"),
+    "head_too_large": (431, b"Request Header Fields Too Large"),
+    "method_not_allowed": (405, b"Method Not Allowed"),
+}
+
+
+# --------------------------------------------------------------------------- upstream side
+
+
+class _UpstreamConnection(asyncio.Protocol):
+    """One connection to the upstream; serves one exchange at a time, then may be pooled."""
+
+    __slots__ = ("closed", "exchange", "idle_since", "pool", "transport", "used")
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.exchange: _Exchange | None = None
+        self.closed = False
+        self.used = False  # served an exchange before: a stale keep-alive is possible
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH)
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            # Bytes nobody asked for: the connection is no longer in a known state.
+            self.abort()
+            return
+        exchange.upstream_data(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None:
+            exchange.upstream_lost()
+        else:
+            self.pool.forget(self)
+
+    def pause_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.client.pause_reading("upstream")
+
+    def resume_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.client.resume_reading("upstream")
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _Pool:
+    """Idle keep-alive connections to the upstream, newest first."""
+
+    def __init__(self, target: _Target, settings: UpstreamSettings) -> None:
+        self._target = target
+        self._settings = settings
+        self._idle: list[_UpstreamConnection] = []
+
+    def take(self, now: float) -> _UpstreamConnection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and now - conn.idle_since < _POOL_IDLE_S:
+                return conn
+            conn.abort()
+        return None
+
+    def give(self, conn: _UpstreamConnection, now: float) -> None:
+        conn.exchange = None
+        if conn.closed or len(self._idle) >= _POOL_MAX_IDLE:
+            conn.abort()
+            return
+        conn.idle_since = now
+        self._idle.append(conn)
+
+    def forget(self, conn: _UpstreamConnection) -> None:
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def connect(self) -> _UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        conn = _UpstreamConnection(self)
+        target = self._target
+        if target.unix_path is not None:
+            coro = loop.create_unix_connection(lambda: conn, target.unix_path)
+        else:
+            coro = loop.create_connection(
+                lambda: conn,
+                target.host,
+                target.port,
+                ssl=target.ssl,
+                server_hostname=target.host if target.ssl else None,
+            )
+        await asyncio.wait_for(coro, self._settings.connect_timeout_s)
+        return conn
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.abort()
+
+
+# --------------------------------------------------------------------------- one exchange
+
+
+class _Request:
+    """A request head, as parsed; its body streams through the exchange."""
+
+    __slots__ = (
+        "body_copy",
+        "body_size",
+        "chunked",
+        "complete",
+        "headers",
+        "http10",
+        "keep_alive",
+        "method",
+        "pending",
+        "start_ns",
+        "terminated",
+        "trailers",
+        "url",
+    )
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.trailers: list[tuple[bytes, bytes]] | None = None  # set once the head is done
+        self.method = b""
+        self.http10 = False
+        self.keep_alive = True
+        self.chunked = False
+        self.complete = False
+        self.terminated = False  # the last chunk went upstream
+        self.pending: list[bytes] = []  # body bytes framed for the upstream, not yet written
+        self.body_copy: list[bytes] | None = []  # None once past max_request_bytes
+        self.body_size = 0
+
+
+class _Exchange:
+    """One request and its response: the upstream's bytes go to the client as they come."""
+
+    def __init__(self, client: _ClientConnection, request: _Request) -> None:
+        self.client = client
+        self.relay = client.relay
+        self.request = request
+        self.upstream: _UpstreamConnection | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self.stream: StreamTap | None = None
+        self.outcome = Outcome(end_ns=0)
+        self.head_buf = b""  # the upstream's bytes until its final response head is parsed
+        self.head_pos = 0
+        self.reason = b""
+        self.resp_headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False  # the final (non-1xx) response head went to the client
+        self.passthrough = True  # False: de-chunk for an HTTP/1.0 client
+        # An HTTP/1.0 client gets its answer on a connection that closes after it.
+        self.close_client = not request.keep_alive or request.http10
+        self.upstream_reusable = True
+        self.upstream_framing = "none"  # none | length | chunked | close
+        self.finished = False
+        self.pieces: list[bytes] = []
+        self.last_read = 0.0
+        self.read_timer: asyncio.TimerHandle | None = None
+        self.total_timer: asyncio.TimerHandle | None = None
+        self.retry_log: list[bytes] | None = []  # what was written upstream, for one retry
+        self.retry_size = 0
+        self.retried = False
+        self.connecting: asyncio.Task[None] | None = None
+
+    # -- starting
+
+    def start(self) -> None:
+        relay = self.relay
+        if relay.closing:
+            self.fail("not_ready")
+            return
+        conn = relay.pool.take(relay.loop.time())
+        if conn is not None:
+            self.attach(conn)
+        else:
+            self.client.pause_reading("connect")
+            self.connecting = relay.loop.create_task(self._connect())
+        total = relay.upstream_settings.total_timeout_s
+        if total is not None:
+            self.total_timer = relay.loop.call_later(total, self._total_timeout)
+
+    async def _connect(self) -> None:
+        try:
+            conn = await self.relay.pool.connect()
+        except TimeoutError:
+            self.connecting = None
+            self.fail("upstream_timeout")
+            return
+        except (OSError, ssl.SSLError) as exc:
+            self.connecting = None
+            log.warning("upstream connection failed: %s", type(exc).__name__)
+            self.fail("upstream_unreachable")
+            return
+        except asyncio.CancelledError:
+            return
+        self.connecting = None
+        if self.finished:
+            conn.abort()
+            return
+        self.client.resume_reading("connect")
+        self.attach(conn)
+
+    def attach(self, conn: _UpstreamConnection) -> None:
+        self.upstream = conn
+        conn.exchange = self
+        self.parser = httptools.HttpResponseParser(_ResponseCallbacks(self))
+        request = self.request
+        self.write_upstream(self._request_head())
+        if request.pending:
+            pending, request.pending = request.pending, []
+            for data in pending:
+                self.write_upstream(data)
+        if request.complete and request.chunked and not request.terminated:
+            request.terminated = True
+            self.write_upstream(_last_chunk(request.trailers or []))
+        conn.used = True
+        self.last_read = self.relay.loop.time()
+        self._arm_read_timer(self.relay.upstream_settings.read_timeout_s)
+
+    def _request_head(self) -> bytes:
+        request = self.request
+        url = httptools.parse_url(request.url) if request.url != b"*" else None
+        path = (url.path or b"/") if url is not None else b"/"
+        target = self.relay.target.base + path
+        if url is not None and url.query:
+            target += b"?" + url.query
+        named = _connection_tokens(request.headers)
+        lines = [request.method, b" ", target, b" HTTP/1.1\r\nHost: ", self.relay.target.authority]
+        lines.append(b"\r\n")
+        for name, value in request.headers:
+            lower = name.lower()
+            if lower in _REQUEST_DROP or lower in named:
+                continue
+            lines += (name, b": ", value, b"\r\n")
+        if request.chunked:
+            lines.append(b"Transfer-Encoding: chunked\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    def write_upstream(self, data: bytes) -> None:
+        if self.retry_log is not None:
+            self.retry_size += len(data)
+            if self.retry_size > _RETRY_KEEP_BYTES:
+                self.retry_log = None
+            else:
+                self.retry_log.append(data)
+        assert self.upstream is not None
+        self.upstream.write(data)
+
+    # -- the request body, from the client
+
+    def request_body(self, piece: bytes) -> None:
+        request = self.request
+        data = b"%x\r\n%s\r\n" % (len(piece), piece) if request.chunked else piece
+        if self.upstream is None:
+            request.pending.append(data)
+        elif not self.finished:
+            self.write_upstream(data)
+
+    def request_complete(self) -> None:
+        request = self.request
+        request.complete = True
+        if request.chunked and self.upstream is not None and not self.finished:
+            request.terminated = True
+            self.write_upstream(_last_chunk(request.trailers or []))
+
+    # -- the response, from the upstream
+
+    def upstream_data(self, data: bytes) -> None:
+        t = time.monotonic_ns()
+        self.last_read = self.relay.loop.time()
+        self.retry_log = None  # the upstream answered: never resend
+        parser = self.parser
+        assert parser is not None
+        if not self.head_done:
+            self.head_buf += data
+        invalid = False
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError:  # HttpParserUpgrade too: a 101 was never asked for
+            invalid = True
+        if self.finished:
+            return
+        if self.head_done:
+            if self.head_buf:
+                # The read that carried the head: the bytes after it are the body's.
+                data = self.head_buf[self.head_pos :]
+                self.head_buf = b""
+            if self.passthrough:
+                if data:
+                    self.client.write(data)
+            elif self.pieces:
+                self.client.write(b"".join(self.pieces))
+            pieces, self.pieces = self.pieces, []
+            if pieces and self.stream is not None:
+                self.stream.offer(pieces[0] if len(pieces) == 1 else b"".join(pieces), t)
+        elif len(self.head_buf) > _MAX_HEAD_BYTES:
+            invalid = True
+        if invalid:
+            # The bytes before the fault went to the client, as they would have going direct.
+            self._protocol_error()
+        elif self.upstream_framing == "done":
+            self.finish()
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason = reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.head_done:
+            self.resp_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None
+        status = parser.get_status_code()
+        end = self.head_buf.find(b"\r\n\r\n", self.head_pos)
+        self.head_pos = end + 4
+        headers, self.resp_headers = self.resp_headers, []
+        if status < 200:
+            if status != 101 and not self.request.http10:
+                self.client.write(_head(status, self.reason, headers, ()))
+            return
+        self._response_head(status, headers)
+
+    def _response_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        parser = self.parser
+        assert parser is not None
+        request = self.request
+        self.head_done = True
+        self._arm_read_timer(self.relay.upstream_settings.read_timeout_s)
+        chunked = content_length = False
+        for name, value in headers:
+            lower = name.lower()
+            if lower == b"transfer-encoding":
+                chunked = chunked or value.rstrip().lower().endswith(b"chunked")
+            elif lower == b"content-length":
+                content_length = True
+        if not parser.should_keep_alive():
+            self.upstream_reusable = False
+        if request.method == b"HEAD" or status in (204, 304):
+            self.upstream_framing = "none"
+        elif chunked:
+            self.upstream_framing = "chunked"
+            if request.http10:
+                self.passthrough = False
+                self.close_client = True
+        elif content_length:
+            self.upstream_framing = "length"
+        else:
+            self.upstream_framing = "close"
+            self.close_client = True
+            self.upstream_reusable = False
+        if not request.complete:
+            # Answered before the client finished sending: the rest of its body has nowhere
+            # to go, and the next request cannot be found after it.
+            self.close_client = True
+        drop = _HOP_BY_HOP | _connection_tokens(headers)
+        if not self.passthrough:
+            drop = drop | {b"transfer-encoding", b"trailer"}
+        extra = (b"Connection: close\r\n",) if self.close_client else ()
+        self.client.write(_head(status, self.reason, headers, extra, drop))
+        self._open_stream(status, headers)
+        if self.upstream_framing == "none":
+            # Nothing follows the head (HEAD, 204, 304): do not let the parser wait for a body.
+            self.upstream_framing = "done"
+
+    def _open_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        request = self.request
+        self.stream = self.relay.open_stream(
+            request,
+            status=status,
+            response_ns=time.monotonic_ns(),
+            content_type=_header(headers, b"content-type"),
+            content_encoding=_header(headers, b"content-encoding"),
+            ratelimit_source=_header(headers, b"x-ratelimit-source"),
+        )
+
+    def on_body(self, body: bytes) -> None:
+        if self.head_done:
+            self.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:  # else a 1xx interim response: the final one follows
+            self.upstream_framing = "done"
+
+    def upstream_lost(self) -> None:
+        """The upstream closed or reset the connection."""
+        if self.finished:
+            return
+        self.upstream_reusable = False
+        if not self.head_done:
+            stale = self.upstream is not None and self.upstream.used and not self.retried
+            if stale and self.retry():
+                return
+            self.fail("upstream_unreachable")
+        elif self.upstream_framing == "close":
+            self.finish()  # a close-delimited body ends this way
+        else:
+            self.outcome.upstream_aborted = True
+            self.outcome.error_type = "upstream_aborted"
+            self.finish()
+
+    def retry(self) -> bool:
+        """A pooled connection the upstream had already closed: resend on a new one, once."""
+        if self.retry_log is None:
+            return False
+        self.retried = True
+        sent, self.retry_log, self.retry_size = self.retry_log, [], 0
+        self.upstream = None
+        self.request.pending = sent[1:] + self.request.pending  # attach() rebuilds the head
+        self.client.pause_reading("connect")
+        self.connecting = self.relay.loop.create_task(self._connect())
+        return True
+
+    def _protocol_error(self) -> None:
+        self.upstream_reusable = False
+        if not self.head_done:
+            self.fail("upstream_invalid_response")
+            return
+        # Mid-body: what came before went to the client; end its connection so it knows the
+        # body is incomplete instead of waiting for bytes that will never come.
+        self.outcome.upstream_aborted = True
+        self.outcome.error_type = "upstream_invalid_response"
+        self.finish()
+
+    # -- timers
+
+    def _arm_read_timer(self, delay: float) -> None:
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+        self.read_timer = self.relay.loop.call_later(delay, self._check_read)
+
+    def _check_read(self) -> None:
+        self.read_timer = None
+        if self.finished:
+            return
+        read_s = self.relay.upstream_settings.read_timeout_s
+        idle = self.relay.loop.time() - self.last_read
+        if idle < read_s:
+            self._arm_read_timer(read_s - idle)
+            return
+        self._timeout()
+
+    def _total_timeout(self) -> None:
+        self.total_timer = None
+        if not self.finished:
+            self._timeout()
+
+    def _timeout(self) -> None:
+        self.upstream_reusable = False
+        if not self.head_done:
+            self.fail("upstream_timeout")
+            return
+        self.outcome.upstream_aborted = True
+        self.outcome.error_type = "upstream_timeout"
+        self.finish()
+
+    # -- ending
+
+    def fail(self, kind: str) -> None:
+        """No response head reached the client: answer with the relay's own error."""
+        if self.finished:
+            return
+        status, reason, message = _ERRORS[kind]
+        self.relay.stats.error(kind)
+        self.upstream_reusable = False
+        self.close_client = self.close_client or not self.request.complete
+        self.client.write(_error_response(status, reason, kind, message, self.close_client))
+        self.stream = self.relay.open_stream(self.request, status=status)
+        self.outcome.error_type = kind
+        self.finish()
+
+    def respond_locally(self, answer: bytes) -> None:
+        """An answer the relay gives itself (the admin front's health checks)."""
+        self.close_client = self.close_client or not self.request.complete
+        self.client.write(answer)
+        self.finished = True
+        self.client.exchange_done(self)
+
+    def client_lost(self) -> None:
+        if self.finished:
+            return
+        self.outcome.client_aborted = True
+        self.upstream_reusable = False
+        if self.stream is None:
+            # Gone before any response: nginx's 499, "client closed request".
+            self.stream = self.relay.open_stream(self.request, status=499)
+        self.finish()
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.outcome.end_ns = time.monotonic_ns()
+        for timer in (self.read_timer, self.total_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.connecting is not None:
+            self.connecting.cancel()
+            self.connecting = None
+        conn, self.upstream = self.upstream, None
+        if conn is not None:
+            if self.upstream_reusable and self.request.complete and not self.outcome.error_type:
+                self.relay.pool.give(conn, self.relay.loop.time())
+            else:
+                conn.exchange = None
+                conn.abort()
+        if self.stream is not None:
+            self.stream.close(self.outcome)
+        self.client.exchange_done(self)
+
+
+class _ResponseCallbacks:
+    """llhttp's callbacks for the upstream's response, bound to one exchange."""
+
+    __slots__ = (
+        "on_body",
+        "on_header",
+        "on_headers_complete",
+        "on_message_complete",
+        "on_status",
+    )
+
+    def __init__(self, exchange: _Exchange) -> None:
+        self.on_status = exchange.on_status
+        self.on_header = exchange.on_header
+        self.on_headers_complete = exchange.on_headers_complete
+        self.on_body = exchange.on_body
+        self.on_message_complete = exchange.on_message_complete
+
+
+# --------------------------------------------------------------------------- client side
+
+
+class _ClientConnection(asyncio.Protocol):
+    """One client connection: parses its requests and runs their exchanges in order."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.parsing: _Request | None = None  # the request whose bytes are being parsed
+        self.queue: list[_Request] = []  # complete requests waiting their turn (pipelining)
+        self.exchange: _Exchange | None = None
+        self.paused: set[str] = set()
+        self.head_bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.closing = False
+        self.close_after = False  # close once the exchange in progress is done
+        self.write_paused = False
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH)
+        self.relay.stats.connections += 1
+        self.relay.clients.add(self)
+        self._arm(self.relay.listen_settings.keepalive_timeout_s, "idle")
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # The upgrade is not relayed (Upgrade is hop-by-hop); the request was, and
+            # what follows it on this connection is not HTTP/1.1.
+            self.close_after = True
+            self.pause_reading("upgrade")
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__  # httptools chains the callback's exception this way
+            self.reject(cause.reason if isinstance(cause, _Rejected) else "malformed")
+
+    def eof_received(self) -> bool:
+        if self.exchange is None and self.parsing is None and not self.queue:
+            return False  # closes the transport
+        self.close_after = True
+        return True  # half-close: keep sending the response
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.relay.clients.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.exchange is not None:
+            self.exchange.client_lost()  # exchange_done() lets go of it
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        exchange = self.exchange
+        if exchange is not None and exchange.upstream is not None:
+            transport = exchange.upstream.transport
+            if transport is not None:
+                transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        exchange = self.exchange
+        if exchange is not None and exchange.upstream is not None:
+            transport = exchange.upstream.transport
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
+
+    # -- llhttp callbacks
+
+    def on_message_begin(self) -> None:
+        self.parsing = _Request(time.monotonic_ns())
+        self.head_bytes = 0
+        if self.exchange is None:
+            self._arm(self.relay.listen_settings.header_timeout_s, "header")
+
+    def on_url(self, url: bytes) -> None:
+        request = self.parsing
+        assert request is not None
+        self._count_head(len(url))
+        request.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self.parsing
+        assert request is not None
+        self._count_head(len(name) + len(value) + 4)
+        if request.trailers is None:
+            request.headers.append((name, value))
+        else:
+            request.trailers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        request = self.parsing
+        assert request is not None
+        parser = self.parser
+        request.trailers = []
+        request.method = parser.get_method()
+        request.http10 = parser.get_http_version() == "1.0"
+        request.keep_alive = parser.should_keep_alive()
+        request.chunked = any(
+            name.lower() == b"transfer-encoding" and value.rstrip().lower().endswith(b"chunked")
+            for name, value in request.headers
+        )
+        if request.method == b"CONNECT" or not (
+            request.url.startswith(b"/") or request.url == b"*" or b"://" in request.url[:16]
+        ):
+            raise _Rejected("method_not_allowed")
+        if self.exchange is None and not self.queue:
+            self._cancel_timer()
+            self._begin(request)
+        else:
+            self.pause_reading("pipelined")
+            self.queue.append(request)
+
+    def on_body(self, body: bytes) -> None:
+        request = self.parsing
+        assert request is not None
+        self._copy(request, body)
+        exchange = self.exchange
+        if exchange is not None and exchange.request is request:
+            exchange.request_body(body)
+        else:
+            request.pending.append(b"%x\r\n%s\r\n" % (len(body), body) if request.chunked else body)
+
+    def on_message_complete(self) -> None:
+        request = self.parsing
+        assert request is not None
+        self.parsing = None
+        exchange = self.exchange
+        if exchange is not None and exchange.request is request:
+            exchange.request_complete()
+        else:
+            request.complete = True
+
+    # -- the exchange
+
+    def _begin(self, request: _Request) -> None:
+        relay = self.relay
+        relay.stats.requests += 1
+        exchange = self.exchange = _Exchange(self, request)
+        relay.active += 1
+        answer = relay.local(request.method, request.url) if relay.local is not None else None
+        if answer is not None:
+            exchange.respond_locally(answer)
+        else:
+            exchange.start()
+
+    def exchange_done(self, exchange: _Exchange) -> None:
+        if self.exchange is exchange:
+            self.exchange = None
+            self.relay.exchange_ended()
+        if self.closing:
+            return
+        if (
+            exchange.close_client
+            or exchange.outcome.upstream_aborted
+            or self.close_after
+            or self.relay.closing
+        ):
+            self.close()
+            return
+        self.resume_reading("pipelined")
+        if self.queue:
+            self._begin(self.queue.pop(0))
+        elif self.parsing is None:
+            self._arm(self.relay.listen_settings.keepalive_timeout_s, "idle")
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not self.closing:
+            transport.write(data)
+
+    # -- flow control
+
+    def pause_reading(self, reason: str) -> None:
+        if not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+        self.paused.add(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        if reason not in self.paused:
+            return
+        self.paused.discard(reason)
+        if not self.paused and self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    # -- errors and limits
+
+    def _count_head(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > _MAX_HEAD_BYTES:
+            raise _Rejected("head_too_large")
+
+    def _copy(self, request: _Request, body: bytes) -> None:
+        copy = request.body_copy
+        if copy is None:
+            return
+        request.body_size += len(body)
+        if request.body_size > self.relay.upstream_settings.max_request_bytes:
+            request.body_copy = None
+        else:
+            copy.append(body)
+
+    def reject(self, reason: str) -> None:
+        """A request that cannot be relayed: answer plainly and close. No byte of it is logged
+        or echoed: it may hold prompt text."""
+        self.relay.stats.reject(reason)
+        if self.exchange is None:
+            status, phrase = _REJECTS.get(reason, _REJECTS["malformed"])
+            self.write(_error_response(status, phrase, reason, phrase.decode().lower(), True))
+            self.close()
+        else:
+            # Mid-exchange (a broken body or a bad pipelined request): end the connection.
+            self.closing = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def _arm(self, delay: float, why: str) -> None:
+        self._cancel_timer()
+        self.timer = self.relay.loop.call_later(delay, self._expired, why)
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expired(self, why: str) -> None:
+        self.timer = None
+        if self.exchange is not None or self.closing:
+            return
+        if why == "header" and self.parsing is not None:
+            self.reject("header_timeout")
+        else:
+            self.close()
+
+    def close(self) -> None:
+        self.closing = True
+        self._cancel_timer()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Rejected(Exception):
+    """Raised from a parser callback to reject the request: llhttp stops parsing and
+    ``feed_data`` raises a callback error caused by this."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Header names the Connection header lists: hop-by-hop too."""
+    return frozenset(
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+        if token.strip()
+    )
+
+
+def _head(
+    status: int,
+    reason: bytes,
+    headers: list[tuple[bytes, bytes]],
+    extra: tuple[bytes, ...],
+    drop: frozenset[bytes] = _HOP_BY_HOP,
+) -> bytes:
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+    for name, value in headers:
+        if name.lower() not in drop:
+            lines += (name, b": ", value, b"\r\n")
+    lines += extra
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def _last_chunk(trailers: list[tuple[bytes, bytes]]) -> bytes:
+    return b"0\r\n" + b"".join(name + b": " + value + b"\r\n" for name, value in trailers) + b"\r\n"
+
+
+def _header(headers: list[tuple[bytes, bytes]], lower: bytes) -> str | None:
+    for name, value in headers:
+        if name.lower() == lower:
+            return value.decode("latin-1")
+    return None
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class Relay:
+    """The proxy listener: ``start`` binds, ``shutdown`` drains within a deadline."""
+
+    loop: asyncio.AbstractEventLoop  # set by start(); nothing runs before it
+
+    def __init__(
+        self,
+        upstream: UpstreamSettings,
+        tap: TapSink | None,
+        *,
+        listen: ListenSettings | None = None,
+        local: Callable[[bytes, bytes], bytes | None] | None = None,
+    ) -> None:
+        self.upstream_settings = upstream
+        self.listen_settings = listen or ListenSettings()
+        self.target = _Target(upstream)
+        self.pool = _Pool(self.target, upstream)
+        self.tap = tap
+        # (method, request target) -> a whole response, or None to relay: the admin front
+        # answers its health checks itself.
+        self.local = local
+        self.stats = RelayStats()
+        self.clients: set[_ClientConnection] = set()
+        self.active = 0  # exchanges in progress
+        self.closing = False
+        self._drained: asyncio.Event | None = None  # set when the last exchange ends
+        self._servers: list[asyncio.Server] = []
+
+    @property
+    def active_streams(self) -> int:
+        return self.active
+
+    def exchange_ended(self) -> None:
+        self.active -= 1
+        if self.active == 0 and self._drained is not None:
+            self._drained.set()
+
+    def open_stream(
+        self,
+        request: _Request,
+        *,
+        status: int,
+        response_ns: int | None = None,
+        content_type: str | None = None,
+        content_encoding: str | None = None,
+        ratelimit_source: str | None = None,
+    ) -> StreamTap | None:
+        tap = self.tap
+        if tap is None:
+            return None
+        oversized = request.body_copy is None
+        if oversized:
+            tap.unanalysed("oversized")
+        url = httptools.parse_url(request.url) if request.url != b"*" else None
+        path = (url.path if url is not None and url.path else b"/").decode("latin-1")
+        exchange = Exchange(
+            method=request.method.decode("latin-1"),
+            path=path,
+            start_ns=request.start_ns,
+            status=status,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            response_ns=response_ns,
+            request_body=None if request.body_copy is None else b"".join(request.body_copy),
+            request_skip="oversized" if oversized else None,
+            ratelimit_source=ratelimit_source,
+        )
+        return tap.open_stream(exchange)
+
+    async def start(
+        self, host: str, port: int, *, reuse_port: bool = False, sock: socket.socket | None = None
+    ) -> tuple[str, int]:
+        """Listen on ``host:port`` (or on ``sock``); returns the bound address."""
+        self.loop = asyncio.get_running_loop()
+        if sock is not None:
+            server = await self.loop.create_server(lambda: _ClientConnection(self), sock=sock)
+        else:
+            server = await self.loop.create_server(
+                lambda: _ClientConnection(self),
+                host,
+                port,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
+                backlog=1024,
+            )
+        self._servers.append(server)
+        bound = server.sockets[0].getsockname()
+        return bound[0], bound[1]
+
+    async def shutdown(self, timeout_s: float) -> None:
+        """Stop accepting, let exchanges in flight finish within ``timeout_s``, then cut them."""
+        self.closing = True
+        for server in self._servers:
+            server.close()
+        for client in list(self.clients):
+            if client.exchange is None:
+                client.close()
+        if self.active:
+            self._drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+        for client in list(self.clients):
+            if client.transport is not None:
+                client.transport.abort()
+        self.pool.close()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()

@@ -1,0 +1,376 @@
+"""The tap wire: copies of the relay's traffic, framed and sent to the analysis process
+over a Unix socket, batched once per loop iteration, never awaited.
+
+A frame is a fixed header, ``<BIQI``: kind, stream id, monotonic ns, payload length, then
+the payload. ``OPEN`` carries the exchange's facts (JSON) and the request body copy,
+``DATA`` a body chunk as it arrived, ``CLOSE`` the outcome, ``STATS`` the forwarder's own
+counters (absolute values, so a restarted analysis process picks them up whole).
+
+The forwarder's side keeps the bytes it has not yet handed to the kernel under a budget:
+past it, data frames are shed and counted (``dropped{stage="tap"}``) and the stream is
+marked shed. Control frames are small and one per exchange end; if even they do not fit
+under twice the budget, analysis is stuck, and the wire is dropped and reconnected, which
+costs analysis the streams in flight (counted), never the client a byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+import orjson
+
+from semhealth.agent.dataplane.sink import Outcome
+from semhealth.collectors.collector import Exchange
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct("<BIQI")
+OPEN, DATA, CLOSE, STATS = 1, 2, 3, 4
+_META = struct.Struct("<I")
+_MAX_PAYLOAD = 64 * 1024 * 1024  # a frame longer than this means the stream is corrupt
+_RECONNECT_S = (0.05, 2.0)  # first and longest wait between connection attempts
+
+
+@dataclass(slots=True)
+class ForwarderStats:
+    """One forwarding process's counters, sent whole in every ``STATS`` frame."""
+
+    worker: int = 0
+    pid: int = 0
+    active_streams: int = 0
+    streams_opened: int = 0
+    chunks_dropped: int = 0
+    streams_shed: int = 0
+    wire_resets: int = 0
+    analysis_restarts: int = 0  # worker 0 supervises the analysis process
+    requests_unanalysed: dict[str, int] = field(default_factory=dict)
+    requests_rejected: dict[str, int] = field(default_factory=dict)
+    relay_errors: dict[str, int] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode_open(stream_id: int, exchange: Exchange) -> bytes:
+    meta = orjson.dumps(
+        {
+            "method": exchange.method,
+            "path": exchange.path,
+            "status": exchange.status,
+            "content_type": exchange.content_type,
+            "content_encoding": exchange.content_encoding,
+            "response_ns": exchange.response_ns,
+            "request_skip": exchange.request_skip,
+            "ratelimit_source": exchange.ratelimit_source,
+            "has_body": exchange.request_body is not None,
+        }
+    )
+    body = exchange.request_body or b""
+    size = _META.size + len(meta) + len(body)
+    head = HEADER.pack(OPEN, stream_id, exchange.start_ns, size) + _META.pack(len(meta))
+    return head + meta + body
+
+
+def decode_open(start_ns: int, payload: bytes) -> Exchange:
+    (meta_len,) = _META.unpack_from(payload)
+    end = _META.size + meta_len
+    meta = orjson.loads(payload[_META.size : end])
+    return Exchange(
+        method=meta["method"],
+        path=meta["path"],
+        start_ns=start_ns,
+        status=meta["status"],
+        content_type=meta["content_type"],
+        content_encoding=meta["content_encoding"],
+        response_ns=meta["response_ns"],
+        request_body=payload[end:] if meta["has_body"] else None,
+        request_skip=meta["request_skip"],
+        ratelimit_source=meta["ratelimit_source"],
+    )
+
+
+def encode_close(stream_id: int, outcome: Outcome, shed: bool) -> bytes:
+    payload = orjson.dumps(
+        {
+            "client_aborted": outcome.client_aborted,
+            "upstream_aborted": outcome.upstream_aborted,
+            "error_type": outcome.error_type,
+            "shed": shed,
+        }
+    )
+    return HEADER.pack(CLOSE, stream_id, outcome.end_ns, len(payload)) + payload
+
+
+def decode_close(end_ns: int, payload: bytes) -> tuple[Outcome, bool]:
+    meta = orjson.loads(payload)
+    outcome = Outcome(
+        end_ns=end_ns,
+        client_aborted=meta["client_aborted"],
+        upstream_aborted=meta["upstream_aborted"],
+        error_type=meta["error_type"],
+    )
+    return outcome, bool(meta["shed"])
+
+
+# --------------------------------------------------------------------------- forwarder side
+
+
+class _WireStream:
+    """The relay's handle on one exchange's copies."""
+
+    __slots__ = ("closed", "id", "lost", "shed", "wire")
+
+    def __init__(self, wire: WireTap, stream_id: int, lost: bool) -> None:
+        self.wire = wire
+        self.id = stream_id
+        self.shed = lost  # opened while analysis was unreachable: nothing of it is sent
+        self.lost = lost
+        self.closed = False
+
+    def offer(self, chunk: bytes, t: int) -> None:
+        self.wire.offer(self, chunk, t)
+
+    def close(self, outcome: Outcome) -> None:
+        if not self.closed:
+            self.closed = True
+            self.wire.close_stream(self, outcome)
+
+
+class WireTap:
+    """The forwarder's tap: frames copies into a buffer flushed once per loop iteration."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        budget_bytes: int,
+        worker: int = 0,
+        stats_interval_s: float = 1.0,
+        relay_stats: Callable[[], tuple[int, dict[str, int], dict[str, int]]] | None = None,
+    ) -> None:
+        self._path = path
+        self._budget = budget_bytes
+        self._stats_interval_s = stats_interval_s
+        self._relay_stats = relay_stats  # (active, rejected, errors) from the relay
+        self.stats = ForwarderStats(worker=worker, pid=os.getpid())
+        self._buf = bytearray()
+        self._flush_scheduled = False
+        self._transport: asyncio.WriteTransport | None = None
+        self._generation = 0  # bumped on every reconnect: older streams are lost
+        self._streams: dict[int, _WireStream] = {}
+        self._next_id = 0
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connected = asyncio.Event()
+        self._stopping = False
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    # -- the relay's side (TapSink)
+
+    def unanalysed(self, reason: str) -> None:
+        counts = self.stats.requests_unanalysed
+        counts[reason] = counts.get(reason, 0) + 1
+
+    def open_stream(self, exchange: Exchange) -> _WireStream:
+        self.stats.streams_opened += 1
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        stream = _WireStream(self, self._next_id, lost=self._transport is None)
+        if stream.lost:
+            self.stats.streams_shed += 1
+            return stream
+        self._streams[stream.id] = stream
+        self._append(encode_open(stream.id, exchange), control=True)
+        return stream
+
+    def offer(self, stream: _WireStream, chunk: bytes, t: int) -> None:
+        if stream.shed:
+            self.stats.chunks_dropped += 1
+            return
+        pending = len(self._buf) + self._kernel_backlog()
+        if pending + len(chunk) > self._budget:
+            stream.shed = True
+            self.stats.streams_shed += 1
+            self.stats.chunks_dropped += 1
+            return
+        self._buf += HEADER.pack(DATA, stream.id, t, len(chunk))
+        self._buf += chunk
+        self._schedule_flush()
+
+    def close_stream(self, stream: _WireStream, outcome: Outcome) -> None:
+        if stream.lost or self._streams.pop(stream.id, None) is None:
+            return
+        self._append(encode_close(stream.id, outcome, stream.shed), control=True)
+
+    # -- buffering
+
+    def _kernel_backlog(self) -> int:
+        transport = self._transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def _append(self, frame: bytes, *, control: bool) -> None:
+        if self._transport is None:
+            return
+        if len(self._buf) + self._kernel_backlog() + len(frame) > 2 * self._budget:
+            log.warning("analysis is not reading the tap: resetting the wire")
+            self._reset()
+            return
+        self._buf += frame
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop = self._loop or asyncio.get_running_loop()
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or not self._buf:
+            self._buf.clear()
+            return
+        transport.write(bytes(self._buf))
+        self._buf.clear()
+
+    def _reset(self) -> None:
+        """Drop the connection; every stream in flight is lost to analysis (counted)."""
+        transport, self._transport = self._transport, None
+        self._buf.clear()
+        self.stats.wire_resets += 1
+        for stream in self._streams.values():
+            stream.lost = True
+            if not stream.shed:
+                stream.shed = True
+                self.stats.streams_shed += 1
+        self._streams.clear()
+        self._connected.clear()
+        if transport is not None:
+            transport.abort()
+
+    # -- connection
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._task is None:
+            self._task = self._loop.create_task(self._run(), name="semhealth-tap-wire")
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        return self._transport is not None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = _RECONNECT_S[0]
+        while not self._stopping:
+            lost = loop.create_future()
+            try:
+                connected, _ = await loop.create_unix_connection(
+                    functools.partial(_WireProtocol, lost), self._path
+                )
+            except OSError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RECONNECT_S[1])
+                continue
+            delay = _RECONNECT_S[0]
+            transport = cast(asyncio.WriteTransport, connected)  # uvloop's is no subclass
+            self._transport = transport
+            self._connected.set()
+            self._send_stats()
+            try:
+                while not lost.done():
+                    await asyncio.wait([lost], timeout=self._stats_interval_s)
+                    if not lost.done():
+                        self._send_stats()
+            finally:
+                if self._transport is transport:
+                    self._reset()
+
+    def _send_stats(self) -> None:
+        stats = self.stats
+        if self._relay_stats is not None:
+            active, rejected, errors = self._relay_stats()
+            stats.active_streams = active
+            stats.requests_rejected = dict(rejected)
+            stats.relay_errors = dict(errors)
+        payload = orjson.dumps(asdict(stats))
+        frame = HEADER.pack(STATS, 0, time.monotonic_ns(), len(payload)) + payload
+        self._append(frame, control=True)
+
+    async def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Send the last counters and what is buffered, then close."""
+        self._stopping = True
+        transport = self._transport
+        if transport is not None:
+            self._send_stats()
+            self._flush()
+            deadline = time.monotonic() + timeout_s
+            # A bare transport has no drain event; this runs once, at shutdown.
+            while transport.get_write_buffer_size() and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            transport.close()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class _WireProtocol(asyncio.Protocol):
+    """The forwarder never reads from the wire; it only learns when it closes."""
+
+    def __init__(self, lost: asyncio.Future[None]) -> None:
+        self._lost = lost
+
+    def data_received(self, data: bytes) -> None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+
+# --------------------------------------------------------------------------- analysis side
+
+
+class WireDecoder:
+    """Frames out of a byte stream; sans-IO so it can be property-tested on any split."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
+        """Complete frames as (kind, stream id, time ns, payload); raises on a corrupt one."""
+        buf = self._buf
+        buf += data
+        frames = []
+        pos = 0
+        size = len(buf)
+        while size - pos >= HEADER.size:
+            kind, stream_id, t, length = HEADER.unpack_from(buf, pos)
+            if kind not in (OPEN, DATA, CLOSE, STATS) or length > _MAX_PAYLOAD:
+                raise ValueError(f"corrupt tap frame (kind {kind}, length {length})")
+            end = pos + HEADER.size + length
+            if end > size:
+                break
+            frames.append((kind, stream_id, t, bytes(buf[pos + HEADER.size : end])))
+            pos = end
+        del buf[:pos]
+        return frames
+
+
+def stats_from(payload: bytes) -> ForwarderStats:
+    data: dict[str, Any] = orjson.loads(payload)
+    return ForwarderStats(**data)

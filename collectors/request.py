@@ -42,11 +42,32 @@ _TOOL_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 # Split *after* a sentence end so each piece keeps its terminator.
 _SENTENCE_END = re.compile("(?<=[.!?] )|(?<=[\u3002\uff01\uff1f\n])")
-# Han (incl. extensions and compatibility ideographs), Hiragana, Katakana, Hangul.
-_CJK = re.compile(
-    "[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-    "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002fa1f\U00030000-\U0003134f]"
+# Characters counted one token each: the letters of the CJK scripts. Han (the URO, extensions
+# A to I, compatibility ideographs, radicals), Hiragana, Katakana (with its phonetic
+# extensions and halfwidth forms), and Hangul (syllables, jamo and their extensions,
+# halfwidth forms). The embeddings' batcher estimates tokens and routes requests with the same
+# set; the two packages never import each other, so tests/test_twins.py pins them equal.
+CJK_CLASS = (
+    "["
+    "\u1100-\u11ff"  # Hangul Jamo
+    "\u2e80-\u2fdf"  # CJK Radicals Supplement, Kangxi Radicals
+    "\u3005\u3007\u3021-\u3029\u3038-\u303b"  # ideographic iteration mark, numerals
+    "\u3040-\u30ff"  # Hiragana, Katakana
+    "\u3130-\u318f"  # Hangul Compatibility Jamo
+    "\u31f0-\u31ff"  # Katakana Phonetic Extensions
+    "\u3400-\u4dbf"  # CJK Unified Ideographs Extension A
+    "\u4e00-\u9fff"  # CJK Unified Ideographs
+    "\ua960-\ua97f"  # Hangul Jamo Extended-A
+    "\uac00-\ud7ff"  # Hangul Syllables, Hangul Jamo Extended-B
+    "\uf900-\ufaff"  # CJK Compatibility Ideographs
+    "\uff66-\uff9f"  # Halfwidth Katakana
+    "\uffa0-\uffdc"  # Halfwidth Hangul
+    "\U0001b000-\U0001b16f"  # Kana Supplement, Kana Extended-A, Small Kana Extension
+    "\U00020000-\U0003134f"  # Extensions B to G, Compatibility Ideographs Supplement
+    "\U00031350-\U000323af"  # Extension H
+    "]"
 )
+_CJK = re.compile(CJK_CLASS)
 
 
 @dataclass(frozen=True, slots=True)

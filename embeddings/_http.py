@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 from yarl import URL
 
+from semhealth.embeddings._text import utf8_safe
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.errors import BackendError
 
@@ -121,7 +122,7 @@ class HttpBackend(abc.ABC):
         return None if answer is _MISSING else answer
 
     async def _embed_part(self, texts: list[str]) -> Vectors:
-        body = self.body([_utf8_safe(text) for text in texts])
+        body = self.body([utf8_safe(text) for text in texts])
         answer = await self._request("POST", self.path, body, len(texts))
         rows = self.rows(answer, len(texts))
         if isinstance(rows, str):
@@ -273,18 +274,6 @@ def _check_settings(
         problems.append(f"max_inputs must be at least 1, not {max_inputs}")
     if problems:
         raise ValueError("; ".join(problems))
-
-
-def _utf8_safe(text: str) -> str:
-    # A lone surrogate (legal in a str, not in UTF-8) cannot be sent as JSON; one bad text
-    # must not fail the batch. "?" as the micro-batcher and the scorer's wire do.
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def display_url(base_url: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from semhealth.embeddings._text import utf8_safe
 from semhealth.embeddings.backend import Vectors
 
 SERVICE = "semhealth.scorer.v1.Scorer"
@@ -78,7 +79,7 @@ class Info:
 
 def encode_embed_request(request: EmbedRequest) -> bytes:
     """Serialise a request; never raises (a lone surrogate becomes "?", as in the batcher)."""
-    body = {"encoder": request.encoder, "texts": [_utf8_safe(text) for text in request.texts]}
+    body = {"encoder": request.encoder, "texts": [utf8_safe(text) for text in request.texts]}
     return orjson.dumps(body)
 
 
@@ -121,7 +122,7 @@ def decode_vectors(data: bytes) -> Vectors | Malformed:
 
 
 def encode_info_request(request: InfoRequest) -> bytes:
-    return orjson.dumps({"encoder": _utf8_safe(request.encoder)})
+    return orjson.dumps({"encoder": utf8_safe(request.encoder)})
 
 
 def decode_info_request(data: bytes) -> InfoRequest | Malformed:
@@ -178,15 +179,3 @@ def _json_object(data: bytes) -> dict[str, Any] | Malformed:
     if not isinstance(body, dict):
         return Malformed("not a JSON object", len(data))
     return body
-
-
-def _utf8_safe(text: str) -> str:
-    # orjson refuses lone surrogates (legal in a str, not in UTF-8); one bad text must not
-    # fail a whole request.
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text

@@ -18,23 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
+from semhealth.embeddings._text import cjk_count, utf8_safe
 from semhealth.embeddings.backend import Backend, Vectors
 from semhealth.embeddings.cache import Cache, CacheStats, Vector
 from semhealth.embeddings.config import DEFAULT_CACHE_ENTRIES, Batching
 from semhealth.embeddings.errors import BackendError, Closed, EmbeddingError, Overloaded
 
-# Scripts whose characters are roughly one token each: CJK ideographs, kana, Hangul, fullwidth.
-_CJK = re.compile(
-    "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
-    "\U00020000-\U0003134f]"
-)
 CHARS_PER_TOKEN = 4
 
 
@@ -42,7 +37,7 @@ def estimate_tokens(text: str) -> int:
     """A cheap token estimate: one per CJK character, one per four other characters (min 1)."""
     if text.isascii():
         return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
-    cjk = len(_CJK.findall(text))
+    cjk = cjk_count(text)
     return max(1, cjk + math.ceil((len(text) - cjk) / CHARS_PER_TOKEN))
 
 
@@ -232,7 +227,7 @@ class MicroBatcher:
             futures[key] = future
             item = shared.pending.get(key)
             if item is None:
-                item = _Item(key, _valid_utf8(text), estimate_tokens(text), [])
+                item = _Item(key, utf8_safe(text), estimate_tokens(text), [])
                 shared.pending[key] = item
                 shared.queue.put_nowait(item)
             item.waiters.append(future)
@@ -392,15 +387,3 @@ def _retrieve(future: asyncio.Future[Vector]) -> None:
     # asyncio from logging "exception was never retrieved".
     if not future.cancelled():
         future.exception()
-
-
-def _valid_utf8(text: str) -> str:
-    # A lone surrogate (legal in a Python str, not in UTF-8) would fail the whole batch in the
-    # tokenizer, and with it every other caller's texts.
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text

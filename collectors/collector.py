@@ -4,28 +4,44 @@
 content decoding (gzip/deflate), framing (SSE, NDJSON, ...), the provider
 adapter, and the running ``StreamState``. It is sans-IO and never raises on
 bad input: whatever goes wrong becomes part of the record.
+
+``finish`` hands out a checked record: ``check_record`` fills in its continuity
+and validity, so whoever consumes it (the recorder, the relevance stage) only reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from semhealth.collectors.adapters.registry import detect_provider, make_adapter
 from semhealth.collectors.config import Config, Extract, Route
+from semhealth.collectors.continuity import measure_continuity
 from semhealth.collectors.frames import Decoder
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.record import RequestFacts, StreamRecord, StreamState, Usage
 from semhealth.collectors.request import extract_request
+from semhealth.collectors.validity import SchemaCache, validate_record
 
 OTHER_ROUTE = "other"
+CLIENT_ABORTED = "client_aborted"
+
+# Collectors built without a cache of their own share this one: validators are compiled
+# once per schema in the process, whichever stream brought it (the cache is thread-safe).
+_SHARED_SCHEMAS = SchemaCache()
 
 
 @dataclass(frozen=True, slots=True)
 class Exchange:
-    """Facts the proxy knew when the response head arrived. Clock: ``time.monotonic_ns``."""
+    """Facts the proxy knew when the response head arrived. Clock: ``time.monotonic_ns``.
+
+    An exchange that never got a response from the upstream has the proxy's own status
+    (502, 504; 499 when the client left first), ``response_ns`` and ``content_type`` None.
+    """
 
     method: str
     path: str
@@ -77,14 +93,22 @@ class _Inflater:
 
 
 class StreamCollector:
-    """Analysis of one exchange. ``feed`` body chunks in order, then ``finish`` once."""
+    """Analysis of one exchange. ``feed`` body chunks in order, then ``finish`` once.
 
-    def __init__(self, exchange: Exchange, config: Config) -> None:
+    ``schemas`` compiles the JSON Schemas that outputs are checked against; one per
+    process is enough (the default is shared).
+    """
+
+    def __init__(
+        self, exchange: Exchange, config: Config, *, schemas: SchemaCache | None = None
+    ) -> None:
         self._exchange = exchange
         self._limits = config.limits
         self._analysis = config.analysis
+        self._schemas = schemas if schemas is not None else _SHARED_SCHEMAS
         path = exchange.path.split("?", 1)[0]
         route = match_route(config.routes, path)
+        self._contract = route.contract_schema if route else None
         self.route = route.name if route else OTHER_ROUTE
         provider = route.provider if route else "auto"
         if provider == "auto":
@@ -151,7 +175,7 @@ class StreamCollector:
         shed: bool = False,
         error_type: str | None = None,
     ) -> StreamRecord:
-        """Close the decoders and freeze everything known into a record."""
+        """Close the decoders and freeze everything known into a checked record."""
         if self._analysing:
             self._consume(self._decoder.close(end_ns))
         exchange, state = self._exchange, self._state
@@ -159,7 +183,7 @@ class StreamCollector:
         self.provider = getattr(self._adapter, "provider", None) or self.provider
         facts, prompt_class = self._request_facts()
         errors = [*self._errors, *(e.reason for e in self._decoder.errors)]
-        return StreamRecord(
+        record = StreamRecord(
             route=self.route,
             provider=self.provider,
             model=state.model or facts.model or "unknown",
@@ -178,7 +202,7 @@ class StreamCollector:
             finish_reason=state.finish_reason,
             done=state.done,
             streamed=self.framing in ("sse", "ndjson", "length_prefixed"),
-            error_type=error_type or _error_type(exchange.status, state.errors),
+            error_type=error_type or _error_type(exchange.status, state.errors, client_aborted),
             ratelimit_source=exchange.ratelimit_source,
             client_aborted=client_aborted,
             upstream_aborted=upstream_aborted,
@@ -187,6 +211,12 @@ class StreamCollector:
             malformed_frames=state.malformed,
             decode_errors=tuple(errors),
             response_bytes=self._wire_bytes,
+        )
+        return check_record(
+            record,
+            stall_threshold_s=self._analysis.stall_threshold_s,
+            contract=self._contract,
+            schemas=self._schemas,
         )
 
     def _request_facts(self) -> tuple[RequestFacts, str]:
@@ -201,8 +231,35 @@ class StreamCollector:
         )
 
 
-def _error_type(status: int, stream_errors: list[str]) -> str | None:
-    """HTTP errors by status code; an error inside a 2xx stream by the provider's type."""
+def check_record(
+    record: StreamRecord,
+    *,
+    stall_threshold_s: float,
+    contract: dict[str, Any] | None,
+    schemas: SchemaCache,
+) -> StreamRecord:
+    """``record`` with its ``continuity`` and ``validity`` filled in.
+
+    Continuity is left out (None) when the stream's timing is not the model's: the client
+    went away mid-stream, or the tap shed some of its chunks. ``validate_record`` leaves out
+    the outputs it cannot judge in the same way. A stall is a gap longer than
+    ``stall_threshold_s``; ``contract`` is the route's, if it has one.
+    """
+    continuity = (
+        None
+        if record.client_aborted or record.shed
+        else measure_continuity(record, stall_threshold_s)
+    )
+    validity = tuple(validate_record(record, contract=contract, cache=schemas))
+    return dataclasses.replace(record, continuity=continuity, validity=validity)
+
+
+def _error_type(status: int, stream_errors: list[str], client_aborted: bool) -> str | None:
+    """A client that left is ``client_aborted``, whatever it had been sent (``status_class``
+    still says what that was); then HTTP errors by status code, and an error inside a 2xx
+    stream by the provider's type."""
+    if client_aborted:
+        return CLIENT_ABORTED
     if status >= 400:
         return str(status)
     if stream_errors:

@@ -7,6 +7,7 @@ in the agent's YAML; ``semhealth.agent.config`` parses and validates them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 PROVIDERS = (
     "auto",
@@ -39,6 +40,10 @@ class Route:
     ``match`` is a glob over the request path (``fnmatch``, case-sensitive,
     ``*`` crosses ``/``); the first matching route wins. ``name`` becomes the
     ``route`` label.
+
+    ``contract`` is the path the user wrote; ``contract_schema`` is that file's JSON Schema,
+    loaded once at start-up by whoever reads files (the agent: ``attach_contracts``), since
+    the collectors never do IO. A route whose contract is not loaded is checked without it.
     """
 
     name: str
@@ -47,6 +52,8 @@ class Route:
     framing: str = "auto"
     extract: Extract = field(default_factory=Extract)
     contract: str | None = None  # path of a JSON Schema file every structured answer must meet
+    # The loaded contract; left out of comparisons and repr (it follows from ``contract``).
+    contract_schema: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,6 +3,8 @@
 ``StreamState`` is mutable and lives only inside the collector pipeline;
 ``StreamRecord`` is what leaves it. The record keeps output text only so that
 validity and relevance scoring can read it: it is never logged or exported.
+Its ``continuity`` and ``validity`` are filled where the record is built
+(``semhealth.collectors.collector.check_record``), so its consumers only read them.
 
 Clock: every ``*_ns`` field is ``time.monotonic_ns()`` taken by the agent's
 tap. ``start_ns`` is when the proxy received the request head; the others
@@ -12,7 +14,7 @@ are when the chunk carrying that fact arrived from the upstream.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semhealth.collectors.events import (
     AdapterEvent,
@@ -25,6 +27,10 @@ from semhealth.collectors.events import (
     ToolCallDelta,
     UsageReport,
 )
+
+if TYPE_CHECKING:  # both modules read StreamRecord, so the record names their types lazily
+    from semhealth.collectors.continuity import Continuity
+    from semhealth.collectors.validity import ValidityResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,12 @@ class StreamRecord:
     malformed_frames: int = 0
     decode_errors: tuple[str, ...] = ()
     response_bytes: int = 0
+    # Filled by check_record. None: the stream's timing says nothing about the model (the
+    # client went away, the tap shed chunks); its index is None with fewer than two deltas.
+    continuity: Continuity | None = None
+    # One verdict per output that had to be structured; () when none had to be, or when the
+    # text is not the model's whole output (error response, client gone, shed, truncated).
+    validity: tuple[ValidityResult, ...] = ()
 
     @property
     def duration_s(self) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -141,7 +142,8 @@ class SchemaCache:
 
     ``check_formats`` turns on ``format`` assertions (``date-time``, ``email``, ...). It is
     off by default, as JSON Schema itself makes ``format`` an annotation, and providers'
-    structured-output modes do not enforce it either. Not thread-safe: one per pipeline.
+    structured-output modes do not enforce it either. Thread-safe, so one cache may serve
+    every collector of a process (``StreamCollector`` shares one unless given its own).
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class SchemaCache:
         self._log = logger if logger is not None else logging.getLogger(__name__)
         self._entries: OrderedDict[str, CompiledSchema] = OrderedDict()
         self._logged: set[tuple[str, str, str]] = set()  # (route, role, key) already logged
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
@@ -169,25 +172,31 @@ class SchemaCache:
         key = schema_key(schema)
         if key is None:
             return CompiledSchema(key="", problem=UNSERIALISABLE_SCHEMA)
-        entry = self._entries.get(key)
-        if entry is not None:
-            self.hits += 1
-            self._entries.move_to_end(key)
-            return entry
-        self.misses += 1
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self.hits += 1
+                self._entries.move_to_end(key)
+                return entry
+            self.misses += 1
+        # Compiled outside the lock: another thread may compile the same schema meanwhile,
+        # and the entry stored last wins; both are equal.
         entry = _compile(schema, key, self._check_formats)
-        self._entries[key] = entry
-        if len(self._entries) > self._size:
-            evicted, _ = self._entries.popitem(last=False)
-            self._logged = {seen for seen in self._logged if seen[2] != evicted}
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            if len(self._entries) > self._size:
+                evicted, _ = self._entries.popitem(last=False)
+                self._logged = {seen for seen in self._logged if seen[2] != evicted}
         return entry
 
     def log_unusable(self, compiled: CompiledSchema, *, route: str, role: str, target: str) -> None:
         """Log, once per route and schema, that a schema or contract cannot be used."""
         seen = (route, role, compiled.key)
-        if seen in self._logged:
-            return
-        self._logged.add(seen)
+        with self._lock:
+            if seen in self._logged:
+                return
+            self._logged.add(seen)
         problem = compiled.problem or VALIDATION_FAILED
         self._log.warning(
             "route %r: the %s for %s cannot be used: %s (%s, schema sha256 %s); "
@@ -257,10 +266,11 @@ def validate_record(
     The content is checked when the request asked for JSON or the route has a contract,
     unless the model answered with tool calls only. Each tool call is checked against
     the schema of the declared tool with its name. Records whose text is not the model's
-    whole output are left out: an error response, a stream the tap shed chunks of, or one
-    whose analysis stopped at ``max_response_bytes``.
+    whole output are left out: an error response, an exchange the client left before its
+    end, a stream the tap shed chunks of, or one whose analysis stopped at
+    ``max_response_bytes``.
     """
-    if record.status >= 400 or record.shed or record.truncated:
+    if record.status >= 400 or record.client_aborted or record.shed or record.truncated:
         return []
     structure = record.request.structure
     results: list[ValidityResult] = []

@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from semhealth.collectors.collector import Exchange, StreamCollector, match_route
-from semhealth.collectors.config import Config, Limits, Route
+from semhealth.collectors.config import Analysis, Config, Limits, Route
 from semhealth.collectors.record import RequestFacts, StreamRecord
+from semhealth.collectors.validity import SchemaCache
 
 SSE = "text/event-stream"
 T0 = 1_000_000_000  # request head received; chunks arrive after it
@@ -379,3 +380,129 @@ def test_unknown_path_with_an_unrecognisable_body_stays_unknown() -> None:
     assert record.provider == "unknown"
     assert record.output_text == ""
     assert not record.streamed
+
+
+# ------------------------------------------------------------------ the checked record
+
+JSON_MODE_REQUEST = orjson.dumps(
+    {
+        "model": "gpt-4o",
+        "stream": True,
+        "response_format": {"type": "json_object"},
+        "messages": [{"role": "user", "content": "Give me the risk as JSON."}],
+    }
+)
+
+
+def _chat_stream(*pieces: str, done: bool = True) -> list[bytes]:
+    chunks = [
+        b"data: "
+        + orjson.dumps({"model": "gpt-4o", "choices": [{"index": 0, "delta": {"content": piece}}]})
+        + b"\n\n"
+        for piece in pieces
+    ]
+    return chunks + ([b"data: [DONE]\n\n"] if done else [])
+
+
+def _json_exchange() -> Exchange:
+    return _exchange(request_body=JSON_MODE_REQUEST)
+
+
+def test_finish_hands_out_the_records_continuity_and_validity() -> None:
+    record = _collect(_chat_stream('{"risk"', ': "low"}'), _json_exchange())
+    assert record.continuity is not None
+    assert record.continuity.deltas == 2
+    assert record.continuity.max_gap_s == pytest.approx(0.001)
+    assert [v.result for v in record.validity] == ["valid"]
+
+
+def test_the_stall_threshold_is_the_configs() -> None:
+    config = Config(analysis=Analysis(stall_threshold_s=0.0005))
+    record = _collect(_chat_stream("a", "b", "c"), config=config)
+    assert record.continuity is not None
+    assert record.continuity.stalls == 2  # two 1 ms gaps, both over 0.5 ms
+
+
+def test_a_routes_contract_is_checked_where_the_record_is_built() -> None:
+    contract = {"type": "object", "properties": {"risk": {"const": "high"}}}
+    route = Route(
+        name="loans", match="*/chat/completions", provider="openai_chat",
+        contract="risk.yaml", contract_schema=contract,
+    )  # fmt: skip
+    record = _collect(_chat_stream('{"risk": "low"}'), _json_exchange(), Config(routes=(route,)))
+    assert [(v.result, v.reasons) for v in record.validity] == [("contract", ("const",))]
+
+
+def test_a_route_compares_equal_with_or_without_its_loaded_contract() -> None:
+    plain = Route(name="loans", match="*", contract="risk.yaml")
+    loaded = Route(
+        name="loans", match="*", contract="risk.yaml", contract_schema={"type": "object"}
+    )
+    assert plain == loaded
+    assert "contract_schema" not in repr(loaded)  # a schema may be long: it follows from the path
+
+
+def test_collectors_share_one_schema_cache_unless_given_their_own() -> None:
+    cache = SchemaCache()
+    collector = StreamCollector(_json_exchange(), Config(), schemas=cache)
+    collector.feed(b"".join(_chat_stream('{"a": 1}')), T0 + 1)
+    collector.finish(END)
+    contract = {"type": "object"}
+    route = Route(name="r", match="*", provider="openai_chat", contract_schema=contract)
+    for _ in range(2):
+        collector = StreamCollector(_json_exchange(), Config(routes=(route,)), schemas=cache)
+        collector.feed(b"".join(_chat_stream('{"a": 1}')), T0 + 1)
+        collector.finish(END)
+    assert (cache.misses, cache.hits) == (1, 1)
+
+
+def test_a_client_that_left_mid_stream_is_client_aborted_with_no_continuity_or_validity() -> None:
+    collector = StreamCollector(_json_exchange(), Config())
+    for i, chunk in enumerate(_chat_stream('{"risk"', ': "lo', done=False)):
+        collector.feed(chunk, T0 + 1_000_000 * (i + 1))
+    record = collector.finish(END, client_aborted=True)
+    assert record.error_type == "client_aborted"
+    assert record.client_aborted
+    assert record.status == 200  # what the client had been sent still shows in status_class
+    assert record.continuity is None
+    assert record.validity == ()
+    assert record.output_text == '{"risk": "lo'  # still there for whoever needs it
+
+
+def test_a_shed_stream_has_no_continuity_or_validity() -> None:
+    collector = StreamCollector(_json_exchange(), Config())
+    collector.feed(b"".join(_chat_stream('{"a"', ": 1}")), T0 + 1)
+    record = collector.finish(END, shed=True)
+    assert (record.continuity, record.validity) == (None, ())
+    assert record.error_type is None
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "client_aborted", "expected"),
+    [
+        (502, "upstream_unreachable", False, "upstream_unreachable"),
+        (504, "upstream_timeout", False, "upstream_timeout"),
+        (499, None, True, "client_aborted"),
+    ],
+    ids=["unreachable", "timeout", "client-left-first"],
+)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/somewhere/else"])
+def test_an_exchange_the_upstream_never_answered_becomes_a_record(
+    path: str, status: int, error_type: str | None, client_aborted: bool, expected: str
+) -> None:
+    exchange = Exchange(
+        method="POST", path=path, start_ns=T0, status=status, content_type=None,
+        content_encoding=None, response_ns=None, request_body=JSON_MODE_REQUEST,
+    )  # fmt: skip
+    collector = StreamCollector(exchange, Config())
+    record = collector.finish(END, error_type=error_type, client_aborted=client_aborted)
+    assert record.status == status
+    assert record.error_type == expected
+    assert record.client_aborted is client_aborted
+    assert record.response_ns is None and record.first_byte_ns is None
+    assert record.delta_ns == () and record.response_bytes == 0
+    assert not record.streamed
+    assert record.validity == ()
+    assert record.continuity is None or record.continuity.index_s is None
+    assert record.duration_s == pytest.approx(0.9)
+    assert record.model == "gpt-4o"  # from the request, which is still read

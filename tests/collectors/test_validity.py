@@ -620,8 +620,14 @@ def test_tool_calls_are_skipped_when_the_request_was_not_analysed() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"status": 429}, {"status": 500}, {"shed": True}, {"truncated": True}],
-    ids=["rate_limited", "server_error", "shed", "analysis_limit"],
+    [
+        {"status": 429},
+        {"status": 500},
+        {"client_aborted": True},
+        {"shed": True},
+        {"truncated": True},
+    ],
+    ids=["rate_limited", "server_error", "client_left", "shed", "analysis_limit"],
 )
 def test_records_without_the_whole_model_output_are_left_out(changes: dict[str, Any]) -> None:
     rec = record(StructureRequest(kind="json_object"), text='{"a": ', **changes)
@@ -638,3 +644,31 @@ def test_schema_error_from_a_record_names_its_route(caplog: pytest.LogCaptureFix
         results = validate_record(rec, contract=None, cache=SchemaCache())
     assert results == [ValidityResult("schema_error", reasons=("unresolvable_ref",))]
     assert "'invoices'" in caplog.records[0].getMessage()
+
+
+def test_one_schema_cache_serves_many_threads() -> None:
+    # Collectors share one cache per process unless given their own.
+    import threading
+
+    cache = SchemaCache(size=4)
+    schemas = [{"type": "object", "required": [f"k{i}"]} for i in range(12)]
+    errors: list[BaseException] = []
+
+    def check(offset: int) -> None:
+        try:
+            for i in range(300):
+                schema = schemas[(i + offset) % len(schemas)]
+                result = check_output(
+                    "{}", schema=schema, finish_reason="stop", done=True, contract=None, cache=cache
+                )
+                assert result.result == "schema"
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=check, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(cache) == 4

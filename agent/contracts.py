@@ -3,11 +3,13 @@
 A contract is plain JSON Schema (``if``/``then``/``else``, ``dependentSchemas``,
 ``const``...), written as JSON or YAML, e.g. "risk_level is high exactly when
 amount > 1,000,000". Files are read once at start-up; a bad one stops start-up
-with a message naming the route.
+with a message naming the route. ``attach_contracts`` hands the loaded schemas to
+the collectors, which check every structured answer where its record is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +17,7 @@ import jsonschema  # type: ignore[import-untyped]
 import orjson
 import yaml
 
-from semhealth.collectors.config import Route
+from semhealth.collectors.config import Config, Route
 
 
 class ContractError(ValueError):
@@ -46,6 +48,21 @@ def load_contract(path: str) -> dict[str, Any]:
 def load_contracts(routes: Iterable[Route]) -> dict[str, dict[str, Any]]:
     """Route name -> contract schema, for every route that names a contract file."""
     return {route.name: load_contract(route.contract) for route in routes if route.contract}
+
+
+def attach_contracts(config: Config) -> Config:
+    """``config`` with each route's contract file loaded into its ``contract_schema``.
+
+    Start-up only: it reads the files, and raises ``ContractError`` for one that cannot be
+    used (the agent's configuration checks have reported that already, by key).
+    """
+    routes = tuple(
+        dataclasses.replace(route, contract_schema=load_contract(route.contract))
+        if route.contract
+        else route
+        for route in config.routes
+    )
+    return dataclasses.replace(config, routes=routes)
 
 
 def _format(path: str) -> str:

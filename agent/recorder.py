@@ -1,9 +1,17 @@
 """Finished stream records -> instrument updates. Stats are data; this only records them.
 
-One call per stream (never per chunk), off the forwarding path. Label values
-pass a cardinality guard first, and no text from the request or the response
-is ever used as a label. The same values go, as ``Sample``s, to the alert
-evaluator when one is wired in: it sees exactly what the metrics see.
+One call per stream (never per chunk), off the forwarding path. The record comes
+checked: its continuity and validity were computed where it was built
+(``semhealth.collectors.collector.check_record``). Label values pass a cardinality
+guard first, and no text from the request or the response is ever used as a label.
+The same values go, as ``Sample``s, to the alert evaluator when one is wired in: it
+sees exactly what the metrics see.
+
+What a failed exchange feeds: ``semantic_health_requests_total`` (with its
+``error_type``), the operation duration (with ``error.type``, as the GenAI
+conventions allow) and the token usage it reported. Latency per chunk or token,
+continuity and validity come from successful, whole streams only; the collectors
+leave continuity and validity out for a client that left mid-stream.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from opentelemetry.util.types import AttributeValue
 
 from semhealth.agent import metrics as m
 from semhealth.alerts.sample import Sample
-from semhealth.collectors.continuity import intervals_s, measure_continuity
+from semhealth.collectors.continuity import Continuity, intervals_s
 from semhealth.collectors.record import StreamRecord
 from semhealth.collectors.validity import SchemaCache, ValidityResult, validate_record
 from semhealth.embeddings.relevance import RelevanceScores
@@ -106,19 +114,24 @@ class RollingRatio:
 
 @dataclass(frozen=True, slots=True)
 class RecorderSettings:
-    stall_threshold_s: float = 0.5
     validity_window_s: float = 300.0
     max_label_values: int = 100
-    contracts: Mapping[str, dict[str, Any]] | None = None  # route name -> contract schema
+    # Deprecated, kept so that older wiring still builds: the stall threshold is the
+    # collectors' (analysis.stall_threshold_s) and is not read here.
+    stall_threshold_s: float = 0.5
+    # Deprecated: route name -> contract schema, for wiring that does not yet hand the
+    # collectors their routes' contracts (agent.contracts.attach_contracts). Outputs on
+    # these routes are checked again here, with the contract. Leave it None.
+    contracts: Mapping[str, dict[str, Any]] | None = None
 
 
 def error_type(record: StreamRecord) -> str:
-    """The error class of an exchange.
+    """The error class of an exchange, as the record has it; "" for a success.
 
     429s carry who throttled (``429_upstream``, ``429_gateway``) from ``X-RateLimit-Source``.
     """
     kind = record.error_type or ""
-    if record.status == 429 and record.ratelimit_source:
+    if kind == "429" and record.ratelimit_source:
         source = record.ratelimit_source.strip().lower()
         return f"429_{source}" if source.isidentifier() else "429"
     return kind
@@ -151,8 +164,8 @@ class Recorder:
         self.consume_sample = consume_sample
         self.guard = LabelGuard(settings.max_label_values)
         self.validity = RollingRatio(settings.validity_window_s)
-        self._schemas = SchemaCache()
-        self._contracts = dict(settings.contracts or {})
+        self._legacy_contracts = dict(settings.contracts or {})
+        self._legacy_schemas = SchemaCache() if self._legacy_contracts else None
 
     def semantic_attributes(self, record: StreamRecord) -> dict[str, AttributeValue]:
         return {
@@ -196,9 +209,9 @@ class Recorder:
         )
         self._emit("request_success_rate", 0.0 if failure else 1.0, semantic)
         self._record_gen_ai(record, gen_ai, failure)
-        if not record.shed:  # a shed stream's timings and text are incomplete
-            self._record_continuity(record, semantic)
-            self._record_validity(record, semantic)
+        if record.continuity is not None:
+            self._record_continuity(record.continuity, semantic)
+        self._record_validity(self._legacy_validity(record), semantic)
 
     def _record_gen_ai(
         self, record: StreamRecord, attrs: dict[str, AttributeValue], failure: str
@@ -218,6 +231,7 @@ class Recorder:
             tokens.record(record.usage.input_tokens, {**attrs, m.TOKEN_TYPE: "input"})
         if record.usage.output_tokens is not None:
             tokens.record(record.usage.output_tokens, {**attrs, m.TOKEN_TYPE: "output"})
+        # A client that left is a failure too (client_aborted): its stream is partial.
         if failure or not record.streamed or record.shed:
             return
         if record.ttfb_s is not None:
@@ -226,17 +240,17 @@ class Recorder:
         if record.ttft_s is not None:
             self._h["gen_ai.server.time_to_first_token"].record(record.ttft_s, attrs)
             self._emit("time_to_first_token", record.ttft_s, alert_labels)
-        gaps = intervals_s(record.delta_ns)
-        per_chunk = self._h["gen_ai.client.operation.time_per_output_chunk"]
-        for gap in gaps:
-            per_chunk.record(gap, attrs)
+        # Every interval is counted: one measurement carries them all (see agent.metrics).
+        # None is recorded without a value: the SDK would open an empty series for it.
+        intervals = m.StreamIntervals(intervals_s(record.delta_ns))
+        if intervals.values:
+            self._h["gen_ai.client.operation.time_per_output_chunk"].record(intervals, attrs)
         tpot = _time_per_output_token(record)
         if tpot is not None:
             self._h["gen_ai.server.time_per_output_token"].record(tpot, attrs)
             self._emit("time_per_output_token", tpot, alert_labels)
 
-    def _record_continuity(self, record: StreamRecord, attrs: dict[str, AttributeValue]) -> None:
-        continuity = measure_continuity(record, self._settings.stall_threshold_s)
+    def _record_continuity(self, continuity: Continuity, attrs: dict[str, AttributeValue]) -> None:
         if continuity.index_s is None or continuity.max_gap_s is None:
             return
         self._h["semantic_health_stream_continuity_index"].record(continuity.index_s, attrs)
@@ -246,10 +260,19 @@ class Recorder:
         if continuity.stalls:
             self._c["semantic_health_stream_stalls"].add(continuity.stalls, attrs)
 
-    def _record_validity(self, record: StreamRecord, attrs: dict[str, AttributeValue]) -> None:
-        results = validate_record(
-            record, contract=self._contracts.get(record.route), cache=self._schemas
-        )
+    def _legacy_validity(self, record: StreamRecord) -> tuple[ValidityResult, ...]:
+        """The record's verdicts; for a route whose contract only these settings know
+        (older wiring, see ``RecorderSettings.contracts``), the verdicts with it."""
+        contract = self._legacy_contracts.get(record.route)
+        if contract is None or self._legacy_schemas is None:
+            return record.validity
+        return tuple(validate_record(record, contract=contract, cache=self._legacy_schemas))
+
+    def _record_validity(
+        self, results: tuple[ValidityResult, ...], attrs: dict[str, AttributeValue]
+    ) -> None:
+        if not results:
+            return
         now = self._clock()
         key = (str(attrs[m.ROUTE]), str(attrs[m.MODEL]), str(attrs[m.PROVIDER]))
         for result in results:

@@ -1,13 +1,15 @@
 """The recorder's own rules: cardinality guard, rolling validity window, error classes,
-and the samples it hands the alert evaluator."""
+what each kind of exchange feeds, and the samples it hands the alert evaluator."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import orjson
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
 from semhealth.agent import metrics as m
 from semhealth.agent.recorder import (
@@ -20,7 +22,10 @@ from semhealth.agent.recorder import (
 )
 from semhealth.alerts.sample import Sample
 from semhealth.alerts.signals import SIGNALS
+from semhealth.collectors.collector import Exchange, StreamCollector, check_record
+from semhealth.collectors.config import Config
 from semhealth.collectors.record import RequestFacts, StreamRecord, StructureRequest, Usage
+from semhealth.collectors.validity import SchemaCache
 from semhealth.embeddings.relevance import RelevanceScores
 
 
@@ -30,6 +35,11 @@ def _record(**fields: object) -> StreamRecord:
         request=RequestFacts(), status=200, start_ns=0, end_ns=1,
     )  # fmt: skip
     return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+
+
+def _checked(record: StreamRecord, contract: dict[str, Any] | None = None) -> StreamRecord:
+    """The record as the collectors hand it over: continuity and validity filled in."""
+    return check_record(record, stall_threshold_s=0.5, contract=contract, schemas=SchemaCache())
 
 
 def test_label_values_past_the_limit_fold_into_other() -> None:
@@ -130,9 +140,9 @@ def _sampling_recorder() -> tuple[Recorder, list[Sample]]:
     return recorder, samples
 
 
-def _streamed_json_record(text: str) -> StreamRecord:
+def _streamed_json_record(text: str, **fields: object) -> StreamRecord:
     ms = 1_000_000
-    return _record(
+    record = _record(
         request=RequestFacts(structure=(StructureRequest(kind="json_object"),)),
         streamed=True,
         done=True,
@@ -144,6 +154,7 @@ def _streamed_json_record(text: str) -> StreamRecord:
         output_text=text,
         usage=Usage(input_tokens=10, output_tokens=3),
     )
+    return _checked(dataclasses.replace(record, **fields))  # type: ignore[arg-type]
 
 
 def test_each_recorded_signal_is_also_a_sample_for_the_alert_evaluator() -> None:
@@ -197,3 +208,154 @@ def test_samples_carry_no_text_from_the_exchange() -> None:
     recorder.consume_record(_streamed_json_record(f'{{"secret": "{canary}"}}'))
     assert samples
     assert all(canary not in repr(sample) for sample in samples)
+
+
+# --- what each kind of exchange feeds ---------------------------------------------------------
+
+
+def _recording() -> tuple[Recorder, InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], views=m.views())
+    return Recorder(m.Instruments(provider.get_meter("test")), RecorderSettings()), reader
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    """Data points by instrument name; instruments nothing was recorded into are absent."""
+    data = reader.get_metrics_data()
+    out: dict[str, list[Any]] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                out.setdefault(metric.name, []).extend(metric.data.data_points)
+    return out
+
+
+def _requests(points: dict[str, list[Any]]) -> dict[tuple[str, str], int]:
+    return {
+        (p.attributes["status_class"], p.attributes["error_type"]): p.value
+        for p in points["semantic_health_requests"]
+    }
+
+
+# Everything but the request counter, the operation duration and the token usage: only whole,
+# successful streams feed these.
+_STREAM_ONLY = {
+    "gen_ai.client.operation.time_to_first_chunk",
+    "gen_ai.server.time_to_first_token",
+    "gen_ai.server.time_per_output_token",
+    "gen_ai.client.operation.time_per_output_chunk",
+    "semantic_health_stream_continuity_index",
+    "semantic_health_stream_max_gap",
+    "semantic_health_stream_stalls",
+    "semantic_health_outputs",
+    "semantic_health_output_failure_reasons",
+}
+
+
+def test_a_whole_stream_feeds_every_stream_signal() -> None:
+    recorder, reader = _recording()
+    recorder.consume_record(_streamed_json_record('{"a": 1}'))
+    points = _points(reader)
+    assert _requests(points) == {("2xx", ""): 1}
+    # A valid output has no failure reasons, and this stream no stall.
+    quiet = {"semantic_health_stream_stalls", "semantic_health_output_failure_reasons"}
+    assert _STREAM_ONLY - quiet <= points.keys()
+    (per_chunk,) = points["gen_ai.client.operation.time_per_output_chunk"]
+    assert (per_chunk.count, per_chunk.sum) == (2, pytest.approx(0.03))  # 10 ms and 20 ms
+
+
+def test_a_client_that_left_mid_stream_is_counted_as_client_aborted_and_feeds_no_stream_signal() -> (
+    None
+):
+    recorder, reader = _recording()
+    record = _streamed_json_record('{"a": 1', client_aborted=True, error_type="client_aborted")
+    assert record.continuity is None and record.validity == ()
+    recorder.consume_record(record)
+    points = _points(reader)
+    assert _requests(points) == {("2xx", "client_aborted"): 1}
+    assert not _STREAM_ONLY & points.keys()
+    (duration,) = points["gen_ai.client.operation.duration"]
+    assert duration.attributes["error.type"] == "client_aborted"
+
+
+def test_an_upstream_that_died_mid_stream_feeds_no_latency_but_keeps_continuity_and_validity() -> (
+    None
+):
+    # The user saw the stutter and got the cut answer: those stay counted (as today).
+    recorder, reader = _recording()
+    record = _streamed_json_record(
+        '{"a": 1', upstream_aborted=True, error_type="upstream_aborted", done=False
+    )
+    recorder.consume_record(record)
+    points = _points(reader)
+    assert _requests(points) == {("2xx", "upstream_aborted"): 1}
+    assert "gen_ai.server.time_to_first_token" not in points
+    assert "gen_ai.client.operation.time_per_output_chunk" not in points
+    assert "semantic_health_stream_continuity_index" in points
+    (outputs,) = points["semantic_health_outputs"]
+    assert outputs.attributes["result"] == "truncated"
+
+
+_CHAT_BODY = orjson.dumps(
+    {
+        "model": "gpt-4o-mini",
+        "stream": True,
+        "response_format": {"type": "json_object"},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+)
+
+
+def _unanswered(status: int, *, error: str | None, client_aborted: bool) -> StreamRecord:
+    """The record the tap builds for an exchange the upstream never answered."""
+    exchange = Exchange(
+        method="POST", path="/v1/chat/completions", start_ns=0, status=status,
+        content_type=None, content_encoding=None, response_ns=None, request_body=_CHAT_BODY,
+    )  # fmt: skip
+    return StreamCollector(exchange, Config()).finish(
+        250_000_000, error_type=error, client_aborted=client_aborted
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "client_aborted", "expected"),
+    [
+        (502, "upstream_unreachable", False, ("5xx", "upstream_unreachable")),
+        (504, "upstream_timeout", False, ("5xx", "upstream_timeout")),
+        (499, None, True, ("4xx", "client_aborted")),
+    ],
+)
+def test_an_exchange_without_an_upstream_response_is_counted_with_its_error_type(
+    status: int, error: str | None, client_aborted: bool, expected: tuple[str, str]
+) -> None:
+    recorder, reader = _recording()
+    recorder.consume_record(_unanswered(status, error=error, client_aborted=client_aborted))
+    points = _points(reader)
+    assert _requests(points) == {expected: 1}
+    (duration,) = points["gen_ai.client.operation.duration"]
+    assert isinstance(duration, HistogramDataPoint)
+    assert duration.attributes["error.type"] == expected[1]
+    assert duration.sum == pytest.approx(0.25)
+    assert set(points) == {"semantic_health_requests", "gen_ai.client.operation.duration"}
+
+
+def test_the_recorder_records_the_verdicts_the_record_carries() -> None:
+    # It does not check the output again: a record handed over unchecked records no verdict.
+    recorder, reader = _recording()
+    unchecked = dataclasses.replace(_streamed_json_record('{"a": 1}'), validity=())
+    recorder.consume_record(unchecked)
+    assert "semantic_health_outputs" not in _points(reader)
+
+
+def test_contracts_given_to_the_recorder_still_apply_for_older_wiring() -> None:
+    # RecorderSettings.contracts is deprecated: the collectors check contracts now
+    # (Route.contract_schema, agent.contracts.attach_contracts).
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], views=m.views())
+    contract = {"type": "object", "required": ["b"]}
+    recorder = Recorder(
+        m.Instruments(provider.get_meter("test")), RecorderSettings(contracts={"r": contract})
+    )
+    recorder.consume_record(_streamed_json_record('{"a": 1}'))
+    (outputs,) = _points(reader)["semantic_health_outputs"]
+    assert outputs.attributes["result"] == "contract"

@@ -26,7 +26,8 @@ from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.config import Address, Config, Relevance
 from semhealth.agent.contracts import load_contracts
-from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
+from semhealth.agent.dataplane.relay import Relay
+from semhealth.agent.dataplane.settings import upstream_settings
 from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.recorder import RecorderSettings
 from semhealth.agent.relevance import RelevanceStage
@@ -117,25 +118,6 @@ def alerting_settings(config: Config) -> AlertingSettings:
         resend_delay_s=alerts.resend_delay_s,
         timeout_s=alerts.alertmanager.timeout_s,
         external_labels={name: value for name, value in external.items() if value},
-    )
-
-
-def upstream_settings(config: Config) -> UpstreamSettings:
-    upstream = config.upstream
-    if upstream.url is None:
-        raise ValueError(
-            "upstream.url is not set: load_config() reports that before an Agent is built"
-        )
-    return UpstreamSettings(
-        url=upstream.url,
-        verify=upstream.tls.verify,
-        ca_file=upstream.tls.ca_file,
-        client_cert=upstream.tls.client_cert,
-        client_key=upstream.tls.client_key,
-        connect_timeout_s=upstream.timeouts.connect_s,
-        read_timeout_s=upstream.timeouts.read_s,
-        total_timeout_s=upstream.timeouts.total_s,
-        max_request_bytes=config.collectors.limits.max_request_bytes,
     )
 
 

@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from semhealth.agent.config import (
     Address,
+    Config,
     ConfigError,
     Relevance,
     check_config_file,
@@ -55,6 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="YAML configuration file")
     _add_listen_flags(run)
     run.add_argument("--upstream", metavar="URL", help="upstream base URL (overrides the file)")
+    run.add_argument(
+        "--workers",
+        default=os.environ.get("SEMHEALTH_WORKERS", "1"),
+        metavar="N|auto",
+        help="forwarding processes on the proxy port (default 1; auto: one per CPU; "
+        "env SEMHEALTH_WORKERS)",
+    )
+    run.add_argument(
+        "--in-process",
+        action="store_true",
+        help="forward and analyse in one process (for debugging; the default runs analysis "
+        "in a process of its own so it can never delay forwarding)",
+    )
 
     demo = commands.add_parser(
         "demo", help="the sidecar in front of a built-in simulated LLM, with live traffic"
@@ -143,7 +157,7 @@ def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, object]:
+def overrides(args: argparse.Namespace) -> dict[str, object]:
     pairs = {
         "upstream.url": getattr(args, "upstream", None),
         "listen.proxy": args.listen,
@@ -154,14 +168,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     return {key: value for key, value in pairs.items() if value is not None}
 
 
-def _setup_logging(level: str) -> None:
+def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
 
-def _stop_on_signals(on_hangup: Callable[[], None] | None = None) -> asyncio.Event:
+def stop_on_signals(on_hangup: Callable[[], None] | None = None) -> asyncio.Event:
     """An event SIGINT and SIGTERM set; SIGHUP calls ``on_hangup`` when given."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -177,22 +191,50 @@ def _stop_on_signals(on_hangup: Callable[[], None] | None = None) -> asyncio.Eve
 async def _serve_until_signal(
     run_for: float | None, on_hangup: Callable[[], None] | None = None
 ) -> None:
-    stop = _stop_on_signals(on_hangup)
+    stop = stop_on_signals(on_hangup)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), run_for)
 
 
 async def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, os.environ, overrides(args))
+    setup_logging(config.log.level)
+    if args.in_process:
+        return await _run_in_process(args, config)
+    from semhealth.agent.dataplane.forwarder import Forwarder, resolve_workers
+    from semhealth.agent.dataplane.settings import forwarder_settings
+
+    settings = forwarder_settings(
+        config, workers=resolve_workers(args.workers), run_args=tuple(args.run_args)
+    )
+    forwarder = Forwarder(settings)
+    # Signals first: a stop while the analysis process loads its models is a clean stop.
+    stop = stop_on_signals(forwarder.reload if args.config else None)
+    try:
+        starting = asyncio.ensure_future(forwarder.start())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()
+            await stopping
+        else:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+    finally:
+        await forwarder.shutdown()
+    return 0
+
+
+async def _run_in_process(args: argparse.Namespace, config: Config) -> int:
     from semhealth.agent.app import Agent
 
-    config = load_config(args.config, os.environ, _overrides(args))
-    _setup_logging(config.log.level)
     agent = Agent(config)
     await agent.start()
     reloads: set[asyncio.Task[None]] = set()  # held until done, so none is collected early
 
     def hangup() -> None:
-        task = asyncio.create_task(_reload_rules(agent, args))
+        task = asyncio.create_task(reload_rules(agent, args))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
@@ -203,13 +245,13 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _reload_rules(agent: Agent, args: argparse.Namespace) -> None:
+async def reload_rules(agent: Agent, args: argparse.Namespace) -> None:
     """SIGHUP: load the configuration again and evaluate its alert rules from now on. A bad
     file keeps the running rules, as a Prometheus reload does."""
 
     def load() -> tuple[Rule, ...]:
         # Checked and loaded in one go: a rules file edited in between cannot slip through.
-        return load_config(args.config, os.environ, _overrides(args)).alerts.load_rules()
+        return load_config(args.config, os.environ, overrides(args)).alerts.load_rules()
 
     try:
         rules = await asyncio.to_thread(load)
@@ -233,7 +275,7 @@ async def _score(args: argparse.Namespace) -> int:
     from semhealth.embeddings.scoring import open_scorer, score_jsonl
 
     relevance = load_relevance(args.config, os.environ)
-    _setup_logging("warning")
+    setup_logging("warning")
     counted = sys.stderr.isatty() and args.file != "-"
     total = await asyncio.to_thread(_count_records, args.file) if counted else None
     with _input(args.file) as lines, _output(args.output) as out:
@@ -254,7 +296,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
     from semhealth.embeddings.scoring import calibrate_from_jsonl, open_scorer
 
     relevance = load_relevance(args.config, os.environ)
-    _setup_logging("warning")
+    setup_logging("warning")
     encoder = _encoder(relevance, args.encoder)
     # Only the calibrated encoder, unrouted: its raw cosine is what is fitted.
     embeddings = dataclasses.replace(relevance.embeddings, encoder=encoder.name, route_cjk_to=None)
@@ -281,13 +323,13 @@ async def _scorer(args: argparse.Namespace) -> int:
     if address is None:
         print(f"semhealth scorer: --listen {args.listen!r} is not HOST:PORT", file=sys.stderr)
         return 2
-    _setup_logging("info")
+    setup_logging("info")
     encoders = {
         encoder.name: ServedEncoder(load=backend_loader(encoder), batching=encoder.batching)
         for encoder in relevance.embeddings.encoders
     }
     # Before the models load (seconds): a SIGTERM meanwhile is a clean stop, not a kill.
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     server = await serve_scorer(
         encoders, address.host, address.port, on_task_failure=_log_task_failure
     )
@@ -404,7 +446,7 @@ def _rules(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_async(main: Coroutine[Any, Any, int]) -> int:
+def run_async(main: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
     except ImportError:
@@ -414,7 +456,11 @@ def _run_async(main: Coroutine[Any, Any, int]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.command == "run":
+        # The children re-read the same arguments (and inherit the environment).
+        args.run_args = argv[argv.index("run") + 1 :]
     try:
         if args.command == "config":
             if args.config_command == "schema":
@@ -430,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "calibrate": _calibrate,
             "scorer": _scorer,
         }
-        return _run_async(commands[args.command](args))
+        return run_async(commands[args.command](args))
     except ConfigError as exc:
         print(f"semhealth: configuration is not valid:\n{exc}", file=sys.stderr)
         return 2

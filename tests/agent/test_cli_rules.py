@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from semhealth.agent.cli import _overrides, build_parser, main
+from semhealth.agent.cli import build_parser, main, overrides
 from semhealth.alerts.prometheus import render_rules
 from semhealth.alerts.rules import default_rule_entries, load_rules
 from tests.agent.prometheus_server import require_binary
@@ -103,4 +103,4 @@ def test_alertmanager_flags_repeat_and_replace_the_configured_urls() -> None:
     args = build_parser().parse_args(
         ["run", "--alertmanager", "http://am-0:9093", "--alertmanager", "http://am-1:9093"]
     )
-    assert _overrides(args)["alerts.alertmanager.urls"] == ["http://am-0:9093", "http://am-1:9093"]
+    assert overrides(args)["alerts.alertmanager.urls"] == ["http://am-0:9093", "http://am-1:9093"]

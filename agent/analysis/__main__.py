@@ -1,0 +1,5 @@
+import sys
+
+from semhealth.agent.analysis.process import main
+
+sys.exit(main())

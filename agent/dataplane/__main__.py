@@ -1,0 +1,5 @@
+import sys
+
+from semhealth.agent.dataplane.worker import main
+
+sys.exit(main())

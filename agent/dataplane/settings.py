@@ -1,0 +1,46 @@
+"""The data plane's settings, from the validated configuration."""
+
+from __future__ import annotations
+
+from semhealth.agent.config import Config
+from semhealth.agent.dataplane.forwarder import ForwarderSettings
+from semhealth.agent.dataplane.relay import ListenSettings, UpstreamSettings
+
+# The wire's byte budget per queued chunk slot (``limits.tap_queue_size``): an SSE event
+# of a streamed token is 100-300 bytes, so this leaves room for bigger ones.
+_BYTES_PER_SLOT = 2048
+
+
+def upstream_settings(config: Config) -> UpstreamSettings:
+    upstream = config.upstream
+    if upstream.url is None:
+        raise ValueError(
+            "upstream.url is not set: load_config() reports that before an Agent is built"
+        )
+    return UpstreamSettings(
+        url=upstream.url,
+        verify=upstream.tls.verify,
+        ca_file=upstream.tls.ca_file,
+        client_cert=upstream.tls.client_cert,
+        client_key=upstream.tls.client_key,
+        connect_timeout_s=upstream.timeouts.connect_s,
+        read_timeout_s=upstream.timeouts.read_s,
+        total_timeout_s=upstream.timeouts.total_s,
+        max_request_bytes=config.collectors.limits.max_request_bytes,
+    )
+
+
+def forwarder_settings(
+    config: Config, *, workers: int, run_args: tuple[str, ...]
+) -> ForwarderSettings:
+    return ForwarderSettings(
+        upstream=upstream_settings(config),
+        listen=ListenSettings(),
+        proxy_host=config.listen.proxy.host,
+        proxy_port=config.listen.proxy.port,
+        admin_host=config.listen.admin.host,
+        admin_port=config.listen.admin.port,
+        tap_budget_bytes=config.collectors.limits.tap_queue_size * _BYTES_PER_SLOT,
+        workers=workers,
+        run_args=run_args,
+    )

@@ -5,6 +5,12 @@ is configured, a ``PeriodicExportingMetricReader`` pushes the same instruments
 over gRPC or HTTP/protobuf. Exporter failures are logged and counted by the
 reader's wrapper and never reach the proxy.
 
+Lifecycle: building a ``Telemetry`` starts nothing. ``start()`` starts the
+thread that pushes to OTLP on its interval; ``shutdown()`` stops it, pushes the
+last values and closes the exporter, within one deadline. Both are idempotent,
+and ``shutdown()`` is safe without ``start()``. Wiring that never calls
+``start()`` gets it on first use (the first stream analysed, the first scrape).
+
 The proxy and the tap keep plain counters (``TapStats``, active streams);
 observable instruments read them at collection time, so the hot path only
 increments ints. Finished records go through ``Recorder``.
@@ -13,6 +19,9 @@ increments ints. Finished records go through ``Recorder``.
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,15 +174,18 @@ class Telemetry:
             PrometheusMetricReader(registry=self._registry, scope_info_enabled=False)
         ]
         self.export_stats = ExportStats()
+        self._push: _Push | None = None
         if settings.otlp is not None:
             exporter = _CountingExporter(build_otlp_exporter(settings.otlp), self.export_stats)
-            readers.append(
-                PeriodicExportingMetricReader(
-                    exporter,
-                    export_interval_millis=settings.otlp.interval_s * 1000,
-                    export_timeout_millis=settings.otlp.timeout_s * 1000,
-                )
+            # An infinite interval: the SDK reader starts no thread of its own, so that
+            # building this starts nothing; start() runs the pushes (see _Push).
+            reader = PeriodicExportingMetricReader(
+                exporter,
+                export_interval_millis=math.inf,
+                export_timeout_millis=settings.otlp.timeout_s * 1000,
             )
+            readers.append(reader)
+            self._push = _Push(reader, settings.otlp.interval_s, settings.otlp.timeout_s)
         self.provider = MeterProvider(
             resource=Resource.create(attributes), metric_readers=readers, views=m.views()
         )
@@ -183,6 +195,32 @@ class Telemetry:
         self._observe_agent(meter, tap_stats, active_streams)
         self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats, alerting_stats)
         self._observe_alerting(meter, alerting_stats)
+        self._lifecycle = threading.Lock()
+        self._started = False
+        self._stopped = False
+
+    def start(self) -> None:
+        """Start pushing to OTLP, when an endpoint is configured. Returns at once; a second
+        call, or one after ``shutdown``, does nothing."""
+        with self._lifecycle:
+            if self._started or self._stopped:
+                return
+            self._started = True
+            if self._push is not None:
+                self._push.start()
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the pushes, push what is left and close the readers, all within ``timeout_s``.
+        Safe without ``start`` and safe twice."""
+        with self._lifecycle:
+            if self._stopped:
+                return
+            self._stopped = True
+        deadline = time.monotonic() + timeout_s
+        if self._push is not None:
+            self._push.stop(timeout_s)
+        remaining = max(deadline - time.monotonic(), 0.0)
+        self.provider.shutdown(timeout_millis=remaining * 1000)
 
     def _observe_agent(
         self, meter: Any, stats: TapStats, active_streams: Callable[[], int]
@@ -353,13 +391,51 @@ class Telemetry:
         )
 
     def observe_analysis(self, seconds: float) -> None:
+        if not self._started:
+            self.start()  # for wiring that does not call start() (see the module's docstring)
         self.instruments.histograms["semhealth_analysis_duration"].record(seconds)
 
     def render_prometheus(self) -> bytes:
+        if not self._started:
+            self.start()
         return generate_latest(self._registry)
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        self.provider.shutdown(timeout_millis=timeout_s * 1000)
+
+class _Push:
+    """The OTLP reader's collections on its interval, in a thread that ``start`` starts.
+
+    The SDK's ``PeriodicExportingMetricReader`` starts this thread when it is built; here
+    the reader is built with an infinite interval (no thread) and this loop does what the
+    SDK's ticker does, through the reader's public ``collect``: a push per interval and one
+    last push when stopped. A failed collection is logged and the next interval tries again.
+    """
+
+    def __init__(self, reader: MetricReader, interval_s: float, timeout_s: float) -> None:
+        self._reader = reader
+        self._interval_s = interval_s
+        self._timeout_ms = timeout_s * 1000
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="semhealth-otlp-push", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._collect()
+        self._collect()  # the values since the last push, before the exporter closes
+
+    def _collect(self) -> None:
+        try:
+            self._reader.collect(timeout_millis=self._timeout_ms)
+        except Exception as exc:  # a push must never end the pushes after it
+            log.warning("OTLP metric collection failed: %s", type(exc).__name__)
 
 
 def _field(stats: RelevanceStats | CacheStats | None, name: str) -> int:

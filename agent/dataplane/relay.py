@@ -319,7 +319,8 @@ class _Exchange:
         # An HTTP/1.0 client gets its answer on a connection that closes after it.
         self.close_client = not request.keep_alive or request.http10
         self.upstream_reusable = True
-        self.upstream_framing = "none"  # none | length | chunked | close
+        self.upstream_framing = "none"  # none | length | chunked | close, then done
+        self.bodiless = False  # HEAD, 204, 304: nothing may follow the head
         self.finished = False
         self.pieces: list[bytes] = []
         self.last_read = 0.0
@@ -380,7 +381,7 @@ class _Exchange:
                 self.write_upstream(data)
         if request.complete and request.chunked and not request.terminated:
             request.terminated = True
-            self.write_upstream(_last_chunk(request.trailers or []))
+            self.write_upstream(_LAST_CHUNK)
         conn.used = True
         self.last_read = self.relay.loop.time()
         self._arm_read_timer(self.relay.upstream_settings.read_timeout_s)
@@ -430,7 +431,7 @@ class _Exchange:
         request.complete = True
         if request.chunked and self.upstream is not None and not self.finished:
             request.terminated = True
-            self.write_upstream(_last_chunk(request.trailers or []))
+            self.write_upstream(_LAST_CHUNK)
 
     # -- the response, from the upstream
 
@@ -454,6 +455,11 @@ class _Exchange:
                 # The read that carried the head: the bytes after it are the body's.
                 data = self.head_buf[self.head_pos :]
                 self.head_buf = b""
+                if self.bodiless and data:
+                    # A body after a head that may have none (HEAD, 204, 304): never the
+                    # client's, and the connection is in no state to reuse.
+                    data = b""
+                    self.upstream_reusable = False
             if self.passthrough:
                 if data:
                     self.client.write(data)
@@ -507,6 +513,7 @@ class _Exchange:
             self.upstream_reusable = False
         if request.method == b"HEAD" or status in (204, 304):
             self.upstream_framing = "none"
+            self.bodiless = True
         elif chunked:
             self.upstream_framing = "chunked"
             if request.http10:
@@ -984,8 +991,9 @@ def _head(
     return b"".join(lines)
 
 
-def _last_chunk(trailers: list[tuple[bytes, bytes]]) -> bytes:
-    return b"0\r\n" + b"".join(name + b": " + value + b"\r\n" for name, value in trailers) + b"\r\n"
+# Request trailers are parsed and dropped, never forwarded (RFC 9110 §6.5.1 allows it):
+# servers that mishandle them, aiohttp's among them, put them into the next request's headers.
+_LAST_CHUNK = b"0\r\n\r\n"
 
 
 def _header(headers: list[tuple[bytes, bytes]], lower: bytes) -> str | None:

@@ -1,0 +1,383 @@
+"""The relay at the byte level: what a raw HTTP/1.1 peer sees, through the sidecar and direct.
+
+Each defect a review found in the aiohttp proxy that came before has a test here: invalid
+chunked framing that hung the client, a request trailer that leaked into the next request,
+``Expect: 100-continue`` left unanswered, an unmarked 500 for a control character in an
+upstream header, headers re-cased, added or dropped, tracebacks quoting request bytes,
+and slow heads kept open forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
+from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.simulator import RawScript
+from semhealth.collectors.collector import Exchange
+from tests.agent.conftest import running_stack
+
+CANARY = "canary-7f3a-prompt-text"
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class RawUpstream:
+    """A loopback server that answers with exactly the bytes a test scripts."""
+
+    url: str
+    requests: list[bytes] = field(default_factory=list)  # each request's raw head and body
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(
+    respond: Callable[[bytes], list[bytes | float]],
+) -> AsyncIterator[RawUpstream]:
+    """Reads each request head (and a Content-Length body), then writes ``respond(head)``:
+    byte strings are written, floats are pauses. Keeps the connection open afterwards."""
+    state = RawUpstream(url="")
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length) if length else b""
+                state.requests.append(head + body)
+                for step in respond(head):
+                    if isinstance(step, float):
+                        await asyncio.sleep(step)
+                    else:
+                        writer.write(step)
+                        await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    state.url = f"http://127.0.0.1:{port}"
+    try:
+        yield state
+    finally:
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def exchange_raw(
+    host: str, port: int, request: bytes, *, until: bytes | None = None, timeout_s: float = 5.0
+) -> bytes:
+    """Send ``request`` and read the reply to the end of the connection, or to ``until``."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        if until is None:
+            return await asyncio.wait_for(reader.read(), timeout_s)
+        return await asyncio.wait_for(reader.readuntil(until), timeout_s)
+    finally:
+        writer.close()
+
+
+def _hostport(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+# --------------------------------------------------------------------------- framing
+
+
+async def test_invalid_chunked_framing_mid_body_ends_the_client_connection() -> None:
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    good = b"5\r\nhello\r\n"
+    async with raw_upstream(lambda _: [head + good, 0.05, b"zz\r\nnot a chunk\r\n"]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            host, port = stack.agent.proxy_address
+            request = b"GET /v1/stream HTTP/1.1\r\nHost: x\r\n\r\n"
+            # Before: aiohttp's readany() never returned and the client waited forever.
+            reply = await exchange_raw(host, port, request, timeout_s=5.0)
+            assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert good in reply
+            assert not reply.endswith(b"0\r\n\r\n")  # never a clean end for a broken body
+            (record,) = await stack.wait_records(1)
+            assert record.upstream_aborted
+            assert record.error_type == "upstream_invalid_response"
+
+
+async def test_chunk_extensions_and_trailers_reach_the_client_as_sent() -> None:
+    body = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: abc\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nTrailer: X-Checksum\r\nTransfer-Encoding: chunked\r\n\r\n"
+    async with raw_upstream(lambda _: [head, body]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            host, port = stack.agent.proxy_address
+            request = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            reply = await exchange_raw(host, port, request)
+            assert reply.endswith(body)
+            assert b"Trailer: X-Checksum\r\n" in reply
+
+
+async def test_http10_client_gets_the_body_unchunked_on_a_closing_connection() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    async with raw_upstream(lambda _: [head, b"5\r\nhello\r\n0\r\n\r\n"]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            host, port = stack.agent.proxy_address
+            reply = await exchange_raw(host, port, b"GET /x HTTP/1.0\r\n\r\n")
+            head_out, _, body = reply.partition(b"\r\n\r\n")
+            assert body == b"hello"
+            assert b"Transfer-Encoding" not in head_out
+            assert b"Connection: close" in head_out
+
+
+# --------------------------------------------------------------------------- headers
+
+
+async def test_response_head_reaches_the_client_exactly_as_going_direct() -> None:
+    """Case, order, duplicates and obs-text kept; nothing added (no Date, Server or
+    Content-Type the upstream did not send); 103 Early Hints relayed; trailers kept."""
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+    head = (
+        b"HTTP/1.1 200 Fine Thanks\r\n"
+        b'ETag: "v1"\r\n'
+        b"x-lower-case: a\r\n"
+        b"Set-Cookie: a=1\r\n"
+        b"X-Obs-Text: caf\xe9\r\n"
+        b"Set-Cookie: b=2\r\n"
+        b"Trailer: X-Digest\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    body = b"3\r\nabc\r\n0\r\nX-Digest: d\r\n\r\n"
+    async with raw_upstream(lambda _: [early, 0.01, head, body]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            direct = await exchange_raw(*_hostport(up.url), request, until=body)
+            through = await exchange_raw(*stack.agent.proxy_address, request)
+    assert direct == early + head + body
+    # The one difference: the relay says it will close, as the client asked.
+    assert through == early + head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body
+
+
+async def test_control_character_in_an_upstream_header_is_a_marked_502() -> None:
+    bad = b"HTTP/1.1 200 OK\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nhi"
+    async with raw_upstream(lambda _: [bad]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reply = await exchange_raw(
+                *stack.agent.proxy_address,
+                b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+            assert reply.startswith(b"HTTP/1.1 502 ")
+            assert b"X-Semhealth-Error: upstream_invalid_response\r\n" in reply
+            (record,) = await stack.wait_records(1)
+            assert record.status == 502
+            assert record.error_type == "upstream_invalid_response"
+
+
+async def test_request_trailer_never_reaches_the_next_request_on_the_connection() -> None:
+    """Request trailers are dropped (RFC 9110 §6.5.1 lets a proxy discard them): aiohttp's
+    server, as the upstream here, would put them into the next request's headers, the
+    defect the proxy before this one had itself."""
+    async with running_stack(lambda r: RawScript(chunks=(b"ok",))) as stack:
+        host, port = stack.agent.proxy_address
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(
+            b"POST /v1/first HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2\r\n{}\r\n0\r\nX-Trailer-Field: leaked\r\n\r\n"
+        )
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"ok"), 5)
+        writer.write(b"GET /v1/second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        second = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+        first_req, second_req = stack.upstream.received[-2:]
+        assert first_req.body == b"{}"
+        assert "X-Trailer-Field" not in second_req.headers
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
+    async with running_stack(lambda r: RawScript(chunks=(b"stored",))) as stack:
+        host, port = stack.agent.proxy_address
+        reader, writer = await asyncio.open_connection(host, port)
+        body = b"x" * 100_000
+        writer.write(
+            b"POST /v1/upload HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        )
+        await writer.drain()
+        # Before: nothing came back and curl waited its whole expect timeout.
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        writer.write(body)
+        await writer.drain()
+        final = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert final.startswith(b"HTTP/1.1 200") and final.endswith(b"stored")
+        assert stack.upstream.received[-1].body == body
+
+
+async def test_head_requests_keep_the_connection_usable() -> None:
+    async with running_stack(lambda r: RawScript(chunks=(b"0123456789",))) as stack:
+        host, port = stack.agent.proxy_address
+        reader, writer = await asyncio.open_connection(host, port)
+        for _ in range(2):
+            writer.write(b"HEAD /v1/x HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+        writer.write(b"GET /v1/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        last = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert last.endswith(b"0123456789")
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with running_stack(lambda r: RawScript(chunks=(r.path.encode(),))) as stack:
+        host, port = stack.agent.proxy_address
+        reply = await exchange_raw(
+            host,
+            port,
+            b"GET /v1/a HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /v1/b HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /v1/c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        assert reply.index(b"/v1/a") < reply.index(b"/v1/b") < reply.index(b"/v1/c")
+        assert reply.count(b"HTTP/1.1 200") == 3
+
+
+# --------------------------------------------------------------------------- hostile clients
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        f"GET /{CANARY} HTTP/1.1\r\nHo\x00st: x\r\n\r\n".encode(),
+        f"POST /v1/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n{CANARY}".encode(),
+        f"{CANARY} / HTTP/1.1\r\n\r\n".encode(),
+        f"POST /v1/chat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{CANARY}\r\n".encode(),
+    ],
+    ids=["nul-in-header", "cl-and-te", "bad-method", "bad-chunk-size"],
+)
+async def test_malformed_requests_get_a_plain_error_and_nothing_of_them_is_logged(
+    request_bytes: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with running_stack(lambda r: RawScript(chunks=(b"never",))) as stack:
+        reply = await exchange_raw(*stack.agent.proxy_address, request_bytes)
+    assert reply.startswith(b"HTTP/1.1 400 ") or reply == b""
+    assert CANARY.encode() not in reply
+    assert CANARY not in caplog.text
+    assert b"never" not in reply
+
+
+async def test_absolute_form_with_credentials_cannot_choose_the_upstream() -> None:
+    async with running_stack(lambda r: RawScript(chunks=(b"from upstream",))) as stack:
+        reply = await exchange_raw(
+            *stack.agent.proxy_address,
+            b"GET http://user:pw@198.51.100.7:8080/p?q=1 HTTP/1.1\r\nHost: 198.51.100.7\r\n"
+            b"Connection: close\r\n\r\n",
+        )
+        assert reply.endswith(b"from upstream")
+        assert stack.upstream.received[-1].path == "/p"
+
+
+async def test_connect_is_refused() -> None:
+    async with running_stack(lambda r: RawScript(chunks=(b"never",))) as stack:
+        reply = await exchange_raw(
+            *stack.agent.proxy_address, b"CONNECT 198.51.100.7:443 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        assert reply.startswith(b"HTTP/1.1 405 ")
+        assert stack.upstream.received == []
+
+
+class _NoTap:
+    def open_stream(self, exchange: Exchange) -> _NoStream:
+        return _NoStream()
+
+    def unanalysed(self, reason: str) -> None:
+        return None
+
+
+class _NoStream:
+    def offer(self, chunk: bytes, t: int) -> None:
+        return None
+
+    def close(self, outcome: Outcome) -> None:
+        return None
+
+
+async def test_slow_headers_are_cut_by_the_header_timeout() -> None:
+    relay = Relay(
+        UpstreamSettings(url="http://127.0.0.1:9"),
+        _NoTap(),
+        listen=ListenSettings(header_timeout_s=0.3),
+    )
+    host, port = await relay.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and then nothing
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 3)
+        writer.close()
+        assert reply.startswith(b"HTTP/1.1 408 ")
+        assert relay.stats.rejected == {"header_timeout": 1}
+    finally:
+        await relay.shutdown(0.5)
+
+
+async def test_idle_keepalive_connections_are_closed_after_their_timeout() -> None:
+    relay = Relay(
+        UpstreamSettings(url="http://127.0.0.1:9"),
+        _NoTap(),
+        listen=ListenSettings(keepalive_timeout_s=0.2),
+    )
+    host, port = await relay.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        assert await asyncio.wait_for(reader.read(), 3) == b""
+        writer.close()
+    finally:
+        await relay.shutdown(0.5)
+
+
+async def test_a_proxy_error_is_counted_as_a_request() -> None:
+    async with running_stack(
+        lambda r: RawScript(chunks=()), **{"upstream.url": "http://127.0.0.1:9"}
+    ) as stack:
+        reply = await exchange_raw(
+            *stack.agent.proxy_address,
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"Connection: close\r\n\r\n{}",
+        )
+        assert reply.startswith(b"HTTP/1.1 502 ")
+        (record,) = await stack.wait_records(1)
+        assert (record.status, record.error_type) == (502, "upstream_unreachable")

@@ -237,18 +237,27 @@ class Forwarder:
             analysis = self.analysis
             state = {
                 "forwarding": "ready" if self._ready else "stopping",
-                "analysis": "up" if analysis is not None and analysis.up else "restarting",
+                "analysis": self._analysis_state(),
                 "tap_wire": "connected" if self.wire.connected else "disconnected",
                 "analysis_restarts": analysis.restarts if analysis is not None else 0,
                 "workers": self._settings.workers,
             }
             status = (200, b"OK") if self._ready else (503, b"Service Unavailable")
             return _plain(*status, orjson.dumps(state) + b"\n", b"application/json")
-        if self.analysis is not None and not self.analysis.up:
+        if not self.wire.connected:
+            # The wire is up exactly while the analysis process serves (it listens last).
             kind = "analysis_restarting"
             body = error_body(kind, "the analysis process is restarting; forwarding goes on")
             return _plain(503, b"Service Unavailable", body, b"application/json", kind)
         return None
+
+    def _analysis_state(self) -> str:
+        if self.wire.connected:
+            return "up"
+        analysis = self.analysis
+        if analysis is not None and analysis.restarts == 0:
+            return "starting"
+        return "restarting"
 
     def reload(self) -> None:
         """SIGHUP: the analysis process reloads its alert rules."""

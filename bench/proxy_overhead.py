@@ -992,16 +992,16 @@ def _number(value: float, digits: int) -> str:
 
 
 def added_ratio(sidecar: float, nginx: float, floor: float) -> str:
-    """Sidecar-added over nginx-added, unless nginx's added figure is noise."""
+    """Sidecar-added over nginx-added, unless nginx's added figure is not above the noise."""
     if math.isnan(sidecar) or math.isnan(nginx):
         return "n/a"
     if math.isnan(floor) or nginx > floor:
         return f"x{sidecar / nginx:.2f}" if nginx > 0 else "n/a"
     if sidecar <= floor:
-        return "both within noise"
+        return "neither above noise"
     if floor <= 0:
-        return "nginx within noise"
-    return f"nginx within noise; sidecar {sidecar / floor:.1f} floors"
+        return "nginx not above noise"
+    return f"nginx not above noise; sidecar {sidecar / floor:.1f} floors"
 
 
 def latency_table(results: Results) -> str:
@@ -1109,6 +1109,26 @@ def target_lines(results: Results) -> list[str]:
         f"- added p99 per chunk at {k} streams: sidecar {chunk_us:+.0f} µs, nginx "
         f"{added(chunk, 'nginx'):+.0f} µs, noise floor {_number(chunk_floor, 0)} µs "
         f"(target < 100 µs: {'met' if chunk_us < 100 else 'not met'})",
+    ]
+
+
+def noise_lines(results: Results) -> list[str]:
+    """Say when the floor understates the run's noise: a proxy cannot be faster than direct
+    by more than noise, so an added figure below minus the floor is noise the floor missed."""
+    misses = [
+        f"{figure.label} at {k} streams ({mode})"
+        for k, by_mode in results.items()
+        for figure in FIGURES
+        for mode in ("nginx", "sidecar")
+        if figure.value(by_mode[mode]) - figure.value(by_mode["direct"])
+        < -figure.floor(by_mode["direct"])
+    ]
+    if not misses:
+        return []
+    return [
+        f"- the noise floor understates this run's noise: {len(misses)} added figures are "
+        f"below minus the floor ({', '.join(misses[:4])}{', ...' if len(misses) > 4 else ''}); "
+        "run more rounds or on a quieter machine before reading the ratios"
     ]
 
 
@@ -1514,6 +1534,7 @@ def render_report(results: Results, options: Options, facts: RunFacts) -> str:
         cpu_table(results, shapes),
         "",
         *target_lines(results),
+        *noise_lines(results),
         *error_lines(results),
         f"- {rss_line(facts.footprint)}",
         *workers_lines(results, facts.sidecar_args, facts.repeat, facts.tools.sidecar_has_workers),

@@ -297,6 +297,7 @@ class Agent:
 
     async def start(self) -> None:
         try:
+            self.telemetry.start()
             await self._start_relevance()
             await self.tap.start()
             admin = build_admin_app(

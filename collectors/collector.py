@@ -20,7 +20,7 @@ from typing import Any
 
 from semhealth.collectors.adapters.registry import detect_provider, make_adapter
 from semhealth.collectors.config import Config, Extract, Route
-from semhealth.collectors.continuity import measure_continuity
+from semhealth.collectors.continuity import Continuity, continuity_of
 from semhealth.collectors.frames import Decoder
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.record import RequestFacts, StreamRecord, StreamState, Usage
@@ -161,10 +161,10 @@ class StreamCollector:
         self._analysing = False
 
     def _consume(self, frames: Iterable[object]) -> None:
-        adapter, state = self._adapter, self._state
+        adapt, apply = self._adapter.feed, self._state.apply
         for frame in frames:
-            for event in adapter.feed(frame):  # type: ignore[arg-type]
-                state.apply(event)
+            for event in adapt(frame):  # type: ignore[arg-type]
+                apply(event)
 
     def finish(
         self,
@@ -183,6 +183,9 @@ class StreamCollector:
         self.provider = getattr(self._adapter, "provider", None) or self.provider
         facts, prompt_class = self._request_facts()
         errors = [*self._errors, *(e.reason for e in self._decoder.errors)]
+        delta_ns = tuple(state.delta_ns)
+        first_delta_ns = delta_ns[0] if delta_ns else None
+        ttft_s = None if first_delta_ns is None else (first_delta_ns - exchange.start_ns) / 1e9
         record = StreamRecord(
             route=self.route,
             provider=self.provider,
@@ -194,8 +197,8 @@ class StreamCollector:
             end_ns=end_ns,
             response_ns=exchange.response_ns,
             first_byte_ns=self._first_byte_ns,
-            first_delta_ns=state.delta_ns[0] if state.delta_ns else None,
-            delta_ns=tuple(state.delta_ns),
+            first_delta_ns=first_delta_ns,
+            delta_ns=delta_ns,
             output_text=state.output_text,
             tool_calls=state.tool_calls(),
             usage=Usage(state.usage_in, state.usage_out),
@@ -211,13 +214,16 @@ class StreamCollector:
             malformed_frames=state.malformed,
             decode_errors=tuple(errors),
             response_bytes=self._wire_bytes,
+            continuity=_continuity(
+                delta_ns,
+                ttft_s,
+                self._analysis.stall_threshold_s,
+                left_early=client_aborted or shed,
+            ),
         )
-        return check_record(
-            record,
-            stall_threshold_s=self._analysis.stall_threshold_s,
-            contract=self._contract,
-            schemas=self._schemas,
-        )
+        # What check_record does, building the record once where nothing had to be structured.
+        validity = validate_record(record, contract=self._contract, cache=self._schemas)
+        return dataclasses.replace(record, validity=tuple(validity)) if validity else record
 
     def _request_facts(self) -> tuple[RequestFacts, str]:
         exchange = self._exchange
@@ -245,13 +251,21 @@ def check_record(
     the outputs it cannot judge in the same way. A stall is a gap longer than
     ``stall_threshold_s``; ``contract`` is the route's, if it has one.
     """
-    continuity = (
-        None
-        if record.client_aborted or record.shed
-        else measure_continuity(record, stall_threshold_s)
+    continuity = _continuity(
+        record.delta_ns,
+        record.ttft_s,
+        stall_threshold_s,
+        left_early=record.client_aborted or record.shed,
     )
     validity = tuple(validate_record(record, contract=contract, cache=schemas))
     return dataclasses.replace(record, continuity=continuity, validity=validity)
+
+
+def _continuity(
+    delta_ns: tuple[int, ...], ttft_s: float | None, stall_threshold_s: float, *, left_early: bool
+) -> Continuity | None:
+    """None when the stream's timing is partial: the client left, or the tap shed chunks."""
+    return None if left_early else continuity_of(delta_ns, ttft_s, stall_threshold_s)
 
 
 def _error_type(status: int, stream_errors: list[str], client_aborted: bool) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,16 +56,24 @@ def pstdev(values: Sequence[float]) -> float:
 
 def measure_continuity(record: StreamRecord, stall_threshold_s: float) -> Continuity:
     """Continuity of ``record``. A stall is a gap strictly longer than ``stall_threshold_s``."""
-    gaps = intervals_s(record.delta_ns)
+    return continuity_of(record.delta_ns, record.ttft_s, stall_threshold_s)
+
+
+def continuity_of(
+    delta_ns: Sequence[int], ttft_s: float | None, stall_threshold_s: float
+) -> Continuity:
+    """``measure_continuity`` from a stream's delta arrival times (monotonic ns) and TTFT,
+    for whoever builds the record."""
+    gaps = intervals_s(delta_ns)
     if not gaps:
-        return Continuity(record.ttft_s, len(record.delta_ns), None, None, None, None, 0)
+        return Continuity(ttft_s, len(delta_ns), None, None, None, None, 0)
     ordered = sorted(gaps)
     return Continuity(
-        ttft_s=record.ttft_s,
-        deltas=len(record.delta_ns),
+        ttft_s=ttft_s,
+        deltas=len(delta_ns),
         index_s=pstdev(gaps),
         p50_gap_s=quantile(ordered, 0.5),
         p95_gap_s=quantile(ordered, 0.95),
         max_gap_s=ordered[-1],
-        stalls=sum(1 for g in gaps if g > stall_threshold_s),
+        stalls=len(ordered) - bisect_right(ordered, stall_threshold_s),  # gaps over it
     )

@@ -169,6 +169,11 @@ class StreamState:
         return self._model
 
     def apply(self, event: AdapterEvent) -> None:
+        if type(event) is ContentDelta:  # nearly every event: spared the match below
+            if event.text:
+                self._text.append(event.text)
+                self.delta_ns.append(event.t)
+            return
         match event:
             case ContentDelta(text=text, t=t):
                 if text:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import tracemalloc
 import zlib
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 import orjson
 import pytest
 
-from semhealth.collectors.collector import Exchange, StreamCollector, match_route
+from semhealth.collectors.collector import Exchange, StreamCollector, check_record, match_route
 from semhealth.collectors.config import Analysis, Config, Limits, Route
 from semhealth.collectors.record import RequestFacts, StreamRecord
 from semhealth.collectors.validity import SchemaCache
@@ -506,3 +507,25 @@ def test_an_exchange_the_upstream_never_answered_becomes_a_record(
     assert record.continuity is None or record.continuity.index_s is None
     assert record.duration_s == pytest.approx(0.9)
     assert record.model == "gpt-4o"  # from the request, which is still read
+
+
+@pytest.mark.parametrize(
+    "finish",
+    [{}, {"client_aborted": True}, {"shed": True}, {"upstream_aborted": True}],
+    ids=["whole", "client_left", "shed", "upstream_died"],
+)
+@pytest.mark.parametrize("json_mode", [True, False], ids=["json_mode", "plain"])
+def test_finish_checks_the_record_as_check_record_does(
+    finish: dict[str, bool], json_mode: bool
+) -> None:
+    exchange = _json_exchange() if json_mode else _exchange()
+    cache = SchemaCache()
+    collector = StreamCollector(exchange, Config(), schemas=cache)
+    for i, chunk in enumerate(_chat_stream('{"a"', ": 1", "}")):
+        collector.feed(chunk, T0 + 7_000_000 * (i + 1) ** 2)
+    record = collector.finish(END, **finish)
+    unchecked = dataclasses.replace(record, continuity=None, validity=())
+    checked = check_record(
+        unchecked, stall_threshold_s=Analysis().stall_threshold_s, contract=None, schemas=cache
+    )
+    assert checked == record

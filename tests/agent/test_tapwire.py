@@ -1,0 +1,169 @@
+"""The tap wire: frames survive any split of the byte stream, and the forwarder's side sheds
+under its budget instead of waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from semhealth.agent.analysis.receiver import TapReceiver
+from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.dataplane.tapwire import (
+    CLOSE,
+    DATA,
+    HEADER,
+    OPEN,
+    WireDecoder,
+    WireTap,
+    decode_close,
+    decode_open,
+    encode_close,
+    encode_open,
+)
+from semhealth.agent.tap import Tap
+from semhealth.collectors.collector import Exchange
+from semhealth.collectors.record import StreamRecord
+from tests.agent.conftest import agent_config
+
+exchanges = st.builds(
+    Exchange,
+    method=st.sampled_from(["GET", "POST"]),
+    path=st.text(max_size=30),
+    start_ns=st.integers(min_value=0, max_value=2**63 - 1),
+    status=st.integers(min_value=100, max_value=599),
+    content_type=st.none() | st.text(max_size=20),
+    content_encoding=st.none() | st.sampled_from(["gzip", "identity"]),
+    response_ns=st.none() | st.integers(min_value=0, max_value=2**63 - 1),
+    request_body=st.none() | st.binary(max_size=200),
+    request_skip=st.none() | st.just("oversized"),
+    ratelimit_source=st.none() | st.text(max_size=10),
+)
+
+
+@given(exchange=exchanges, stream_id=st.integers(min_value=0, max_value=2**32 - 1))
+def test_open_frames_carry_the_exchange_whole(exchange: Exchange, stream_id: int) -> None:
+    ((kind, sid, t, payload),) = WireDecoder().feed(encode_open(stream_id, exchange))
+    assert (kind, sid) == (OPEN, stream_id)
+    assert decode_open(t, payload) == exchange
+
+
+@given(
+    outcome=st.builds(
+        Outcome,
+        end_ns=st.integers(min_value=0, max_value=2**63 - 1),
+        client_aborted=st.booleans(),
+        upstream_aborted=st.booleans(),
+        error_type=st.none() | st.sampled_from(["upstream_timeout", "upstream_aborted"]),
+    ),
+    shed=st.booleans(),
+)
+def test_close_frames_carry_the_outcome_and_the_shed_flag(outcome: Outcome, shed: bool) -> None:
+    ((kind, _, t, payload),) = WireDecoder().feed(encode_close(7, outcome, shed))
+    assert kind == CLOSE
+    assert decode_close(t, payload) == (outcome, shed)
+
+
+@settings(max_examples=200)
+@given(
+    chunks=st.lists(st.binary(max_size=300), min_size=1, max_size=20),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=15),
+)
+def test_frames_decode_the_same_however_the_stream_is_split(
+    chunks: list[bytes], cuts: list[int]
+) -> None:
+    wire = b"".join(HEADER.pack(DATA, i, 1000 + i, len(c)) + c for i, c in enumerate(chunks))
+    points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
+    decoder = WireDecoder()
+    frames = []
+    for start, end in zip(points, points[1:], strict=False):
+        frames += decoder.feed(wire[start:end])
+    assert frames == [(DATA, i, 1000 + i, c) for i, c in enumerate(chunks)]
+
+
+def test_a_corrupt_frame_is_refused() -> None:
+    with pytest.raises(ValueError, match="corrupt tap frame"):
+        WireDecoder().feed(HEADER.pack(99, 1, 2, 3) + b"abc")
+
+
+def _exchange() -> Exchange:
+    return Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        start_ns=1,
+        status=200,
+        content_type="text/event-stream",
+        content_encoding=None,
+        response_ns=2,
+        request_body=b'{"model": "m", "stream": true}',
+    )
+
+
+async def test_records_reach_analysis_over_the_wire() -> None:
+    records: list[StreamRecord] = []
+    config = agent_config("http://127.0.0.1:1").collectors
+    tap = Tap(config, records.append)
+    await tap.start()
+    receiver = TapReceiver(tap)
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        await receiver.start(path)
+        wire = WireTap(path, budget_bytes=1 << 20)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        stream = wire.open_stream(_exchange())
+        event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+        stream.offer(event, 10)
+        stream.offer(b"data: [DONE]\n\n", 20)
+        stream.close(Outcome(end_ns=30))
+        for _ in range(200):
+            if records:
+                break
+            await asyncio.sleep(0.01)
+        await wire.shutdown()
+        await receiver.shutdown()
+    await tap.shutdown()
+    (record,) = records
+    assert record.output_text == "hi"
+    assert record.done
+    assert not record.shed
+
+
+async def test_a_full_budget_sheds_copies_and_counts_them() -> None:
+    # Nobody reads the socket: the kernel's buffer fills, then the budget.
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await asyncio.get_running_loop().create_unix_server(lambda: _Silent(), path)
+        wire = WireTap(path, budget_bytes=64 * 1024)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        stream = wire.open_stream(_exchange())
+        for _ in range(2000):
+            stream.offer(b"x" * 1024, 1)
+            await asyncio.sleep(0)
+        assert stream.shed
+        assert wire.stats.streams_shed == 1
+        assert wire.stats.chunks_dropped > 0
+        server.close()
+        await wire.shutdown(0.1)
+
+
+async def test_streams_opened_while_analysis_is_away_are_shed_not_queued() -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        wire = WireTap(os.path.join(directory, "nobody.sock"), budget_bytes=1 << 20)
+        await wire.start()
+        stream = wire.open_stream(_exchange())
+        stream.offer(b"chunk", 1)
+        stream.close(Outcome(end_ns=2))
+        assert stream.shed
+        assert (wire.stats.streams_shed, wire.stats.chunks_dropped) == (1, 1)
+        await wire.shutdown(0.1)
+
+
+class _Silent(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.pause_reading()  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ under its budget instead of waiting."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import tempfile
 
@@ -80,7 +81,7 @@ def test_frames_decode_the_same_however_the_stream_is_split(
     points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
     decoder = WireDecoder()
     frames = []
-    for start, end in zip(points, points[1:], strict=False):
+    for start, end in itertools.pairwise(points):
         frames += decoder.feed(wire[start:end])
     assert frames == [(DATA, i, 1000 + i, c) for i, c in enumerate(chunks)]
 

@@ -20,6 +20,7 @@ by its added figure over nginx's. The run's *noise floor* for a figure is how mu
 differs from itself: the figure over direct's even rounds against the same figure over its
 odd rounds. Where nginx's added figure is not above that floor the ratio would divide by
 noise, so the report says so and gives the sidecar's added figure in floors instead.
+Throughput rounds stream without gaps or TTFT and report MB/s and tokens/s.
 
 CPU comes from Linux schedstat, per class of process, found again at every reading by
 walking ``/proc/PID/task/*/children``: nginx's whole tree (master and workers); the
@@ -31,7 +32,7 @@ shape, each class's resident memory, and, when ``semhealth run`` takes ``--worke
 no-gap round at the highest concurrency again against a sidecar started with
 ``--workers auto`` (the main run passes ``--workers 1``).
 
-    python bench/proxy_overhead.py            # default, about 5 minutes on 2 cores
+    python bench/proxy_overhead.py            # default, several minutes on 2 cores
     python bench/proxy_overhead.py --quick    # about 1 minute
 """
 
@@ -1116,7 +1117,7 @@ def noise_lines(results: Results) -> list[str]:
     """Say when the floor understates the run's noise: a proxy cannot be faster than direct
     by more than noise, so an added figure below minus the floor is noise the floor missed."""
     misses = [
-        f"{figure.label} at {k} streams ({mode})"
+        f"{mode} {figure.label} at {k} streams"
         for k, by_mode in results.items()
         for figure in FIGURES
         for mode in ("nginx", "sidecar")

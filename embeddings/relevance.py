@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from semhealth.embeddings.backend import Embedder
+from semhealth.embeddings.batcher import MicroBatcher
 
 DEFAULT_TOP_K = 3
 
@@ -64,6 +66,14 @@ class RelevanceScores:
     context_raw: float | None  # mean top-k cosine, before calibration
     answer_raw: float | None  # cosine, before calibration
     chunks: int  # context chunks compared with the query
+
+
+class Scorer(Protocol):
+    """What scores a request: one encoder's ``RelevanceScorer``, or a ``RoutingScorer``."""
+
+    async def score(
+        self, query: str, context_chunks: Sequence[str] = (), answer: str | None = None
+    ) -> RelevanceScores: ...
 
 
 class RelevanceScorer:
@@ -112,6 +122,10 @@ class RelevanceScorer:
             answer_raw=answer_raw,
             chunks=len(chunks),
         )
+
+    def batchers(self) -> tuple[MicroBatcher, ...]:
+        """The micro-batcher this scorer embeds through; none when it holds a bare backend."""
+        return (self.embedder,) if isinstance(self.embedder, MicroBatcher) else ()
 
     def _calibrated(self, raw: float | None) -> float | None:
         return None if raw is None else self.calibrate(raw)

@@ -13,55 +13,19 @@ between vectors of the same model.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
+from semhealth.embeddings._text import has_cjk
+from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.relevance import RelevanceScorer, RelevanceScores
 
-# Han (the URO, extensions A to I, compatibility ideographs, radicals), Hiragana, Katakana
-# (with its phonetic extensions and halfwidth forms), and Hangul (syllables, jamo and their
-# extensions, halfwidth forms). CJK punctuation and fullwidth Latin are not a script's letters.
-_CJK = re.compile(
-    "["
-    "\u1100-\u11ff"  # Hangul Jamo
-    "\u2e80-\u2fdf"  # CJK Radicals Supplement, Kangxi Radicals
-    "\u3005\u3007\u3021-\u3029\u3038-\u303b"  # ideographic iteration mark, numerals
-    "\u3040-\u30ff"  # Hiragana, Katakana
-    "\u3130-\u318f"  # Hangul Compatibility Jamo
-    "\u31f0-\u31ff"  # Katakana Phonetic Extensions
-    "\u3400-\u4dbf"  # CJK Unified Ideographs Extension A
-    "\u4e00-\u9fff"  # CJK Unified Ideographs
-    "\ua960-\ua97f"  # Hangul Jamo Extended-A
-    "\uac00-\ud7ff"  # Hangul Syllables, Hangul Jamo Extended-B
-    "\uf900-\ufaff"  # CJK Compatibility Ideographs
-    "\uff66-\uff9f"  # Halfwidth Katakana
-    "\uffa0-\uffdc"  # Halfwidth Hangul
-    "\U0001b000-\U0001b16f"  # Kana Supplement, Kana Extended-A, Small Kana Extension
-    "\U00020000-\U0003134f"  # Extensions B to G, Compatibility Ideographs Supplement
-    "\U00031350-\U000323af"  # Extension H
-    "]"
-)
-
-
-def has_cjk(text: str) -> bool:
-    """Whether ``text`` holds a Chinese, Japanese or Korean character (Han, kana or Hangul)."""
-    # Most traffic is ASCII: one C-level scan answers it without the regex.
-    return not text.isascii() and _CJK.search(text) is not None
+__all__ = ["RoutingScorer", "cjk_request", "has_cjk"]
 
 
 def cjk_request(query: str, context_chunks: Sequence[str] = (), answer: str | None = None) -> bool:
     """Whether any text of a request (query, a context chunk, the answer) has CJK text."""
     texts = (query, *context_chunks, *(() if answer is None else (answer,)))
     return any(has_cjk(text) for text in texts)
-
-
-class Scorer(Protocol):
-    """What scores a request: one encoder's ``RelevanceScorer``, or a ``RoutingScorer``."""
-
-    async def score(
-        self, query: str, context_chunks: Sequence[str] = (), answer: str | None = None
-    ) -> RelevanceScores: ...
 
 
 class RoutingScorer:
@@ -95,3 +59,8 @@ class RoutingScorer:
         name = self.route(query, context_chunks, answer)
         self.routed[name] += 1
         return await self.scorers[name].score(query, context_chunks, answer)
+
+    def batchers(self) -> tuple[MicroBatcher, ...]:
+        """The micro-batchers behind the encoders this scorer routes to, each once."""
+        found = (batcher for scorer in self.scorers.values() for batcher in scorer.batchers())
+        return tuple({id(batcher): batcher for batcher in found}.values())

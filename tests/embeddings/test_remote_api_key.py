@@ -15,10 +15,10 @@ import pytest
 from semhealth.embeddings._http import HttpBackend
 from semhealth.embeddings.config import Config, Encoder, Remote
 from semhealth.embeddings.errors import BackendError, ModelLoadError
+from semhealth.embeddings.factory import open_scorer
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
 from semhealth.embeddings.remote_tei import TEIBackend
-from semhealth.embeddings.scoring import open_scorer
 from tests.embeddings.bearer import KEY, Gate, keyed_server
 from tests.embeddings.loopback import SHORT, EmbeddingServer, assert_same_scores, relevance_cases
 

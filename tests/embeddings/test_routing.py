@@ -20,10 +20,11 @@ from semhealth.embeddings.calibration import (
     share_at_least,
 )
 from semhealth.embeddings.config import USE_MODEL, Config, Encoder, Use, default_config
+from semhealth.embeddings.factory import open_scorer
+from semhealth.embeddings.jsonl import calibrate_from_jsonl
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.relevance import RelevanceScorer
 from semhealth.embeddings.routing import RoutingScorer, cjk_request, has_cjk
-from semhealth.embeddings.scoring import calibrate_from_jsonl, open_scorer
 from semhealth.embeddings.use import UseBackend
 from tests.embeddings.wrappers import Recording
 

@@ -35,9 +35,9 @@ import pytest_asyncio
 
 from semhealth.embeddings.calibration import THRESHOLD, roc_auc
 from semhealth.embeddings.config import default_config
+from semhealth.embeddings.factory import open_scorer
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.routing import RoutingScorer
-from semhealth.embeddings.scoring import open_scorer
 
 DATA = Path(__file__).parent / "data" / "unseen_pairs.jsonl"
 KINDS = ("relevant", "near_equivalent", "unrelated")

@@ -19,17 +19,16 @@ from semhealth.embeddings.calibration import (
     load_calibration,
 )
 from semhealth.embeddings.config import Batching, Config, Encoder
-from semhealth.embeddings.local import LocalBackend
-from semhealth.embeddings.relevance import RelevanceScorer
-from semhealth.embeddings.scoring import (
+from semhealth.embeddings.factory import open_scorer
+from semhealth.embeddings.jsonl import (
     ANSWER_FIELD,
     CONTEXT_FIELD,
     LineError,
     ScoreSummary,
     calibrate_from_jsonl,
-    open_scorer,
     score_jsonl,
 )
+from semhealth.embeddings.local import LocalBackend
 
 DATA = Path(__file__).resolve().parents[2] / "embeddings" / "data" / "relevance_pairs.jsonl"
 SECRET = "the patient's account number is 4411"
@@ -298,11 +297,3 @@ async def test_calibrating_on_one_class_is_refused(minilm: LocalBackend) -> None
     async with open_scorer(backend=minilm) as scorer:
         with pytest.raises(CalibrationError, match="relevant and irrelevant"):
             await calibrate_from_jsonl(lines, scorer, "e")
-
-
-async def test_the_scorer_built_for_the_sidecar_uses_the_configured_top_k(
-    minilm: LocalBackend,
-) -> None:
-    async with open_scorer(Config(top_k=1), backend=minilm) as scorer:
-        assert isinstance(scorer, RelevanceScorer)
-        assert scorer.top_k == 1

@@ -18,8 +18,15 @@ from urllib.parse import urlsplit
 
 from semhealth.agent.contracts import ContractError, load_contract
 from semhealth.agent.errors import ConfigIssue
-from semhealth.collectors.config import FRAMINGS, PROVIDERS, Analysis, Extract, Limits, Route
-from semhealth.collectors.request import validate_jsonpath
+from semhealth.collectors import (
+    FRAMINGS,
+    PROVIDERS,
+    Analysis,
+    Extract,
+    Limits,
+    Route,
+    validate_jsonpath,
+)
 
 TLS_FILES = ("ca_file", "client_cert", "client_key")
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})

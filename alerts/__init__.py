@@ -13,7 +13,13 @@ from semhealth.alerts.evaluator import Evaluator, GroupStatus, RuleStatus
 from semhealth.alerts.evaluator import Stats as EvaluatorStats
 from semhealth.alerts.model import Alert, Baseline, Rule, Thresholds
 from semhealth.alerts.prometheus import render_rules, rule_groups
-from semhealth.alerts.rules import RULES_SCHEMA, default_rule_entries, load_rules, parse_rules
+from semhealth.alerts.rules import (
+    RULES_SCHEMA,
+    default_rule_entries,
+    default_rules_text,
+    load_rules,
+    parse_rules,
+)
 from semhealth.alerts.sample import Sample
 from semhealth.alerts.signals import SIGNALS, Signal, signal_named
 
@@ -37,6 +43,7 @@ __all__ = [
     "Signal",
     "Thresholds",
     "default_rule_entries",
+    "default_rules_text",
     "load_rules",
     "parse_rules",
     "render_rules",

@@ -1,8 +1,17 @@
 """Bytes -> frames -> events -> one ``StreamRecord`` per exchange. Sans-IO: no asyncio here."""
 
 from semhealth.collectors.collector import Exchange, StreamCollector, match_route
-from semhealth.collectors.config import Analysis, Config, Extract, Limits, Route, default_config
-from semhealth.collectors.continuity import Continuity, measure_continuity
+from semhealth.collectors.config import (
+    FRAMINGS,
+    PROVIDERS,
+    Analysis,
+    Config,
+    Extract,
+    Limits,
+    Route,
+    default_config,
+)
+from semhealth.collectors.continuity import Continuity, measure_continuity, quantile
 from semhealth.collectors.frames import DecodeError, Decoder, Frame
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.json_body import JSONBodyDecoder
@@ -17,11 +26,13 @@ from semhealth.collectors.record import (
     ToolCall,
     Usage,
 )
-from semhealth.collectors.request import extract_request
+from semhealth.collectors.request import extract_request, validate_jsonpath
 from semhealth.collectors.sse import SSEDecoder
 from semhealth.collectors.validity import SchemaCache, ValidityResult, check_output, validate_record
 
 __all__ = [
+    "FRAMINGS",
+    "PROVIDERS",
     "Analysis",
     "Config",
     "Continuity",
@@ -53,5 +64,7 @@ __all__ = [
     "make_decoder",
     "match_route",
     "measure_continuity",
+    "quantile",
+    "validate_jsonpath",
     "validate_record",
 ]

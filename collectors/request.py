@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -254,21 +254,8 @@ def _stream_flag(provider: str, value: object) -> bool:
 def _read_provider(
     provider: str, doc: dict[str, Any]
 ) -> tuple[_Conversation, tuple[StructureRequest, ...]]:
-    match provider:
-        case "openai_chat":
-            return _openai_chat(doc), _openai_chat_structure(doc)
-        case "openai_responses":
-            return _openai_responses(doc), _responses_structure(doc)
-        case "anthropic_messages":
-            return _anthropic(doc), _anthropic_structure(doc)
-        case "ollama":
-            return _ollama(doc), _ollama_structure(doc)
-        case "tgi":
-            return _tgi(doc), _tgi_structure(doc)
-        case "openai_completions":
-            return _openai_completions(doc), ()
-        case _:
-            return _UNUSABLE, ()
+    reader = _READERS.get(provider)
+    return (_UNUSABLE, ()) if reader is None else reader(doc)
 
 
 def _split_turns(system: Iterable[str], turns: Iterable[_Turn]) -> _Conversation:
@@ -605,3 +592,17 @@ def _opt(text: str | None) -> tuple[str, ...]:
 
 def _has_text(text: str | None) -> bool:
     return text is not None and text != "" and not text.isspace()
+
+
+_Reader = Callable[[dict[str, Any]], tuple[_Conversation, tuple[StructureRequest, ...]]]
+
+# How each provider of ``config.PROVIDERS`` (but ``auto``) carries query, context and the
+# structured-output request; tests/test_twins.py pins the keys to that list.
+_READERS: dict[str, _Reader] = {
+    "openai_chat": lambda doc: (_openai_chat(doc), _openai_chat_structure(doc)),
+    "openai_completions": lambda doc: (_openai_completions(doc), ()),
+    "openai_responses": lambda doc: (_openai_responses(doc), _responses_structure(doc)),
+    "anthropic_messages": lambda doc: (_anthropic(doc), _anthropic_structure(doc)),
+    "ollama": lambda doc: (_ollama(doc), _ollama_structure(doc)),
+    "tgi": lambda doc: (_tgi(doc), _tgi_structure(doc)),
+}

@@ -1,13 +1,36 @@
 """Texts to vectors to relevance: the encoder seam, the local model, the micro-batcher, the cache.
 
-Importing this package never imports torch; only building a ``LocalBackend`` does.
+Importing this package is cheap: the names whose modules pull in a heavy dependency are
+imported on first use (PEP 562), so ``import semhealth.embeddings`` (or any module of it)
+loads neither grpc (``RemoteScorerBackend``, ``serve_scorer``) nor aiohttp
+(``TEIBackend``, ``OpenAICompatibleBackend``) nor tqdm (``score_jsonl``,
+``calibrate_from_jsonl``). torch is imported only when a ``LocalBackend`` is built.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from semhealth.embeddings.availability import (
+    BACKEND_PACKAGES,
+    EncoderChoice,
+    Package,
+    choose_encoders,
+    missing_package,
+    used_encoders,
+)
 from semhealth.embeddings.backend import Backend, Embedder, Vectors, normalize_rows
 from semhealth.embeddings.batcher import BatcherStats, MicroBatcher, estimate_tokens
 from semhealth.embeddings.cache import Cache, CacheStats
-from semhealth.embeddings.calibration import Calibration, fit_calibration, load_calibration
-from semhealth.embeddings.config import Batching, Config, Encoder, Local, default_config
+from semhealth.embeddings.calibration import (
+    Calibration,
+    CalibrationError,
+    fit_calibration,
+    identity_calibration,
+    load_calibration,
+)
+from semhealth.embeddings.config import Batching, Config, Encoder, Local, Use, default_config
 from semhealth.embeddings.errors import (
     BackendError,
     Closed,
@@ -16,20 +39,52 @@ from semhealth.embeddings.errors import (
     ModelLoadError,
     Overloaded,
 )
+from semhealth.embeddings.factory import open_scorer
 from semhealth.embeddings.local import LocalBackend, resolve_model
 from semhealth.embeddings.relevance import (
     RelevanceScorer,
     RelevanceScores,
+    Scorer,
     answer_relevance,
     context_relevance,
 )
-from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
-from semhealth.embeddings.remote_scorer import RemoteScorerBackend
-from semhealth.embeddings.remote_tei import TEIBackend
 from semhealth.embeddings.routing import RoutingScorer, has_cjk
 from semhealth.embeddings.use import UseBackend
 
+if TYPE_CHECKING:
+    from semhealth.embeddings.jsonl import calibrate_from_jsonl, score_jsonl
+    from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
+    from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+    from semhealth.embeddings.remote_tei import TEIBackend
+    from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
+
+# Public names imported on first use, and the module each comes from.
+_LAZY = {
+    "OpenAICompatibleBackend": "remote_openai",
+    "RemoteScorerBackend": "remote_scorer",
+    "ServedEncoder": "scorer_service",
+    "TEIBackend": "remote_tei",
+    "calibrate_from_jsonl": "jsonl",
+    "score_jsonl": "jsonl",
+    "serve_scorer": "scorer_service",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
+    "BACKEND_PACKAGES",
     "Backend",
     "BackendError",
     "BatcherStats",
@@ -37,32 +92,46 @@ __all__ = [
     "Cache",
     "CacheStats",
     "Calibration",
+    "CalibrationError",
     "Closed",
     "Config",
     "ConfigIssue",
     "Embedder",
     "EmbeddingError",
     "Encoder",
+    "EncoderChoice",
     "Local",
     "LocalBackend",
     "MicroBatcher",
     "ModelLoadError",
     "OpenAICompatibleBackend",
     "Overloaded",
+    "Package",
     "RelevanceScorer",
     "RelevanceScores",
     "RemoteScorerBackend",
     "RoutingScorer",
+    "Scorer",
+    "ServedEncoder",
     "TEIBackend",
+    "Use",
     "UseBackend",
     "Vectors",
     "answer_relevance",
+    "calibrate_from_jsonl",
+    "choose_encoders",
     "context_relevance",
     "default_config",
     "estimate_tokens",
     "fit_calibration",
     "has_cjk",
+    "identity_calibration",
     "load_calibration",
+    "missing_package",
     "normalize_rows",
+    "open_scorer",
     "resolve_model",
+    "score_jsonl",
+    "serve_scorer",
+    "used_encoders",
 ]

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from semhealth.agent._config_document import Document, Origin, Path, dotted
+from semhealth.agent._config_model import ENV_PREFIX
 from semhealth.agent._config_schema import setting_paths, subschema, types
-from semhealth.agent.config import ENV_PREFIX
 from semhealth.agent.errors import ConfigIssue
 
 

@@ -19,9 +19,7 @@ import orjson
 from semhealth.agent._config_checks import route_issues
 from semhealth.agent._config_document import Document, Path, overlaps, parse_path, read_file
 from semhealth.agent._config_env import apply_env, apply_overrides
-from semhealth.agent._config_otel import apply_otel_env, resolve_endpoint
-from semhealth.agent._config_schema import schema_issues
-from semhealth.agent.config import (
+from semhealth.agent._config_model import (
     OTLP,
     TLS,
     Address,
@@ -34,8 +32,9 @@ from semhealth.agent.config import (
     Telemetry,
     Timeouts,
     Upstream,
-    schema_text,
 )
+from semhealth.agent._config_otel import apply_otel_env, resolve_endpoint
+from semhealth.agent._config_schema import schema_issues, schema_text
 from semhealth.agent.errors import ConfigIssue
 from semhealth.collectors import config as collectors_config
 from semhealth.collectors.config import Extract, Route

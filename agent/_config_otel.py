@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from semhealth.agent._config_checks import protocol_issues, show
 from semhealth.agent._config_document import Document, Origin, Path, dotted
-from semhealth.agent.config import OTLP, OTLP_PROTOCOLS
+from semhealth.agent._config_model import OTLP, OTLP_PROTOCOLS
 from semhealth.agent.errors import ConfigIssue
 
 _GENERIC_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"

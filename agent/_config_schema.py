@@ -8,6 +8,7 @@ written for the keyword that failed (``additionalProperties`` suggests the key m
 from __future__ import annotations
 
 import difflib
+from importlib import resources
 from typing import Any
 
 import orjson
@@ -189,3 +190,8 @@ _TYPE_WORDS = {
 def _type_words(expected: Any) -> str:
     names = [expected] if isinstance(expected, str) else list(expected)
     return " or ".join(_TYPE_WORDS.get(name, name) for name in names)
+
+
+def schema_text() -> str:
+    """The JSON Schema of the configuration file, as shipped in the package."""
+    return resources.files("semhealth.agent").joinpath("config.schema.json").read_text("utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 from pathlib import Path
@@ -858,6 +859,20 @@ def test_env_names_cover_every_setting_outside_lists() -> None:
         i for i in check_config_file(data_file("full.yaml"), env) if i.message == "unknown setting"
     ]
     assert unknown == []
+
+
+def test_no_private_config_module_imports_the_public_one() -> None:
+    # config.py re-exports _config_model and calls _config_load: one importing it back
+    # would be an import cycle again.
+    folder = Path(agent_config.__file__).parent
+    for path in sorted(folder.glob("_config_*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        assert "semhealth.agent.config" not in imported, path.name
 
 
 def test_public_names_are_pinned() -> None:

@@ -1,0 +1,398 @@
+"""The agent's configuration as data: frozen dataclasses with the meaning checks of each.
+
+``semhealth.agent.config`` is the public face (these names, and loading); the loader
+(``_config_load``) builds these dataclasses, and imports this module, not that one, so
+neither imports the other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from semhealth.agent import _config_checks as checks
+from semhealth.agent.errors import ConfigIssue
+from semhealth.alerts import Rule, RuleError, load_rules
+from semhealth.collectors import config as collectors_config
+from semhealth.embeddings import config as embeddings_config
+
+ENV_PREFIX = "SEMHEALTH_"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+RELEVANCE_ENABLED = ("auto", True, False)
+_MIN_VALIDITY_WINDOW_S = 10  # shorter windows hold too few outputs for a stable rate
+
+# Same shape as $defs/address in the schema; the schema rejects the rest before parsing.
+_ADDRESS = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[0-9A-Za-z._~-]+)?)\]"
+    r"|(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)):(?P<port>[0-9]{1,5})"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Address:
+    """A listening address; ``host`` holds an IPv6 address without its brackets."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address | None:
+        """Read ``HOST:PORT`` or ``[IPV6]:PORT``; None when ``text`` has neither form."""
+        found = _ADDRESS.fullmatch(text)
+        if found is None:
+            return None
+        return cls(host=found["v6"] or found["host"], port=int(found["port"]))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.host_issues(self.host)
+        if not 0 <= self.port <= 65535:
+            issues.append(
+                ConfigIssue(
+                    "",
+                    f"port {self.port} is out of range",
+                    "use a port from 1 to 65535 (0 lets the system pick one)",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TLS:
+    verify: bool = True  # verify the upstream's certificate
+    ca_file: str | None = None  # PEM bundle to trust instead of the system store
+    client_cert: str | None = None  # PEM client certificate for mutual TLS ...
+    client_key: str | None = None  # ... and its key: both or neither
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = [
+            issue
+            for name in checks.TLS_FILES
+            for issue in checks.file_issues(name, getattr(self, name))
+        ]
+        if self.client_cert is not None and self.client_key is None:
+            issues.append(
+                ConfigIssue(
+                    "client_key",
+                    "client_cert is set without client_key",
+                    "set client_key to the certificate's private key file, or remove client_cert",
+                )
+            )
+        if self.client_key is not None and self.client_cert is None:
+            issues.append(
+                ConfigIssue(
+                    "client_cert",
+                    "client_key is set without client_cert",
+                    "set client_cert to the certificate file, or remove client_key",
+                )
+            )
+        if not self.verify and self.ca_file is not None:
+            issues.append(
+                ConfigIssue(
+                    "ca_file",
+                    "ca_file is ignored because verify is false",
+                    "remove ca_file, or set verify: true",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeouts:
+    """Upstream timeouts in seconds; ``total_s`` None means unlimited."""
+
+    connect_s: float = 10  # TCP and TLS connect
+    read_s: float = 300  # longest silence between two upstream reads: streams can be slow
+    total_s: float | None = None  # whole exchange; long streams are normal
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.positive("connect_s", self.connect_s)
+        issues += checks.positive("read_s", self.read_s)
+        if self.total_s is not None:
+            issues += checks.positive("total_s", self.total_s)
+            if 0 < self.total_s < self.connect_s:
+                issues.append(
+                    ConfigIssue(
+                        "total_s",
+                        f"total_s ({self.total_s:g} s) is shorter than connect_s"
+                        f" ({self.connect_s:g} s)",
+                        "raise total_s, or set it to null for no limit",
+                    )
+                )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Upstream:
+    url: str | None = None  # required: the file, $SEMHEALTH_UPSTREAM__URL or --upstream
+    tls: TLS = field(default_factory=TLS)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.upstream_url_issues(self.url)
+        issues += checks.under("tls", self.tls.validate())
+        issues += checks.under("timeouts", self.timeouts.validate())
+        plain = self.url is not None and self.url.lower().startswith("http://")
+        if plain and any(getattr(self.tls, name) is not None for name in checks.TLS_FILES):
+            # Someone who configured certificates expects TLS; plain text would surprise them.
+            issues.append(
+                ConfigIssue(
+                    "tls",
+                    "tls files are set but upstream.url uses http://, so they have no effect",
+                    "use an https:// URL, or remove the tls files",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listen:
+    proxy: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=8080))
+    admin: Address = field(default_factory=lambda: Address(host="127.0.0.1", port=9464))
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.under("proxy", self.proxy.validate())
+        issues += checks.under("admin", self.admin.validate())
+        same_host = self.proxy.host == self.admin.host or bool(
+            {self.proxy.host, self.admin.host} & checks.WILDCARD_HOSTS
+        )
+        if self.proxy.port == self.admin.port != 0 and same_host:
+            issues.append(
+                ConfigIssue(
+                    "admin",
+                    f"admin ({self.admin}) and proxy ({self.proxy}) use the same port",
+                    "give listen.admin a port of its own",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Log:
+    level: str = "info"  # one of LOG_LEVELS
+    format: str = "text"  # one of LOG_FORMATS
+
+    def validate(self) -> list[ConfigIssue]:
+        return checks.choice("level", self.level, LOG_LEVELS) + checks.choice(
+            "format", self.format, LOG_FORMATS
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OTLP:
+    """Where the agent pushes its metrics; ``endpoint`` None means no push.
+
+    ``endpoint`` is the URL to give the exporter as it is: for http/protobuf the full
+    ``.../v1/metrics`` URL (the loader appends that path to $OTEL_EXPORTER_OTLP_ENDPOINT,
+    as the OTLP exporter spec says), for grpc the collector's ``http(s)://HOST:PORT``.
+    """
+
+    endpoint: str | None = None
+    protocol: str = "grpc"  # one of OTLP_PROTOCOLS
+    headers: tuple[tuple[str, str], ...] = ()  # names in lower case, as gRPC metadata needs
+    interval_s: float = 15  # between two exports
+    timeout_s: float = 10  # of one export
+    insecure: bool | None = None  # gRPC only; None: the endpoint's scheme decides
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.protocol_issues(self.protocol, OTLP_PROTOCOLS)
+        if self.endpoint is not None:
+            issues += checks.endpoint_issues(self.endpoint, self.protocol)
+        issues += checks.insecure_issues(self.insecure, self.endpoint, self.protocol)
+        issues += checks.header_issues(self.headers)
+        return (
+            issues
+            + checks.positive("interval_s", self.interval_s)
+            + checks.positive("timeout_s", self.timeout_s)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Telemetry:
+    """The agent's own metrics: resource, OTLP push and label limits.
+
+    Prometheus' ``/metrics`` on ``listen.admin`` works whatever is set here.
+    """
+
+    service_name: str = "semhealth"  # resource attribute service.name
+    resource_attributes: tuple[tuple[str, str], ...] = ()  # sorted by name
+    otlp: OTLP = field(default_factory=OTLP)
+    validity_window_s: float = 300  # rolling window of model_output_validity_rate
+    max_label_values: int = 100  # per label; values past this fold into "other"
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = []
+        if not self.service_name:
+            issues.append(
+                ConfigIssue(
+                    "service_name", "service_name must not be empty", "set a name, e.g. semhealth"
+                )
+            )
+        issues += checks.attribute_issues(self.resource_attributes)
+        issues += checks.under("otlp", self.otlp.validate())
+        if self.validity_window_s < _MIN_VALIDITY_WINDOW_S:
+            issues.append(
+                ConfigIssue(
+                    "validity_window_s",
+                    f"validity_window_s must be at least {_MIN_VALIDITY_WINDOW_S},"
+                    f" not {self.validity_window_s:g}",
+                    f"use a window of at least {_MIN_VALIDITY_WINDOW_S} seconds, e.g. 300",
+                )
+            )
+        if self.max_label_values < 1:
+            issues.append(
+                ConfigIssue(
+                    "max_label_values",
+                    f"max_label_values must be at least 1, not {self.max_label_values}",
+                    "use a whole number of at least 1, e.g. 100",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Relevance:
+    """Relevance scoring of live traffic: when it runs, how much of it, and with what.
+
+    ``embeddings`` holds what the YAML writes flat under ``relevance:`` (``encoder``,
+    ``encoders``, ``cache_entries``, ``top_k``); the rest is the agent's side of it.
+    """
+
+    enabled: bool | Literal["auto"] = "auto"  # auto: as configured if installed, else USE for all
+    sample_rate: float = 1.0  # share of eligible streams scored
+    max_in_flight: int = 256  # streams scored at once; past this, shed and counted
+    calibration: str | None = None  # a `semhealth calibrate` file; None: the shipped one
+    embeddings: embeddings_config.Config = field(default_factory=embeddings_config.default_config)
+
+    def validate(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        if self.enabled != "auto" and not isinstance(self.enabled, bool):
+            issues.append(
+                ConfigIssue(
+                    "enabled",
+                    f"unknown enabled {checks.show(self.enabled)}",
+                    "use auto, true or false",
+                )
+            )
+        if not 0.0 <= self.sample_rate <= 1.0:
+            issues.append(
+                ConfigIssue(
+                    "sample_rate",
+                    f"sample_rate must be between 0 and 1, not {self.sample_rate:g}",
+                    "use the share of streams to score, e.g. 0.1 for one in ten (1 scores all)",
+                )
+            )
+        if self.max_in_flight < 1:
+            issues.append(
+                ConfigIssue(
+                    "max_in_flight",
+                    f"max_in_flight must be at least 1, not {self.max_in_flight}",
+                    "use a whole number of at least 1, e.g. 256",
+                )
+            )
+        issues += checks.file_issues("calibration", self.calibration)
+        # The embeddings keys sit flat under relevance:, so their paths need no prefix here.
+        return issues + [
+            ConfigIssue(issue.path, issue.message, issue.fix)
+            for issue in self.embeddings.validate()
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alertmanager:
+    urls: tuple[str, ...] = ()  # base URLs; alerts go to <url>/api/v2/alerts
+    timeout_s: float = 10.0  # per POST
+
+    def validate(self) -> list[ConfigIssue]:
+        # The schema checks the URLs' shape.
+        return checks.positive("timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alerts:
+    """Alert rules evaluated in the agent, and the Alertmanagers they page.
+
+    The rules are the shipped defaults (``default_rules``), changed or extended by
+    ``rules`` (entries written in this file) and then by each of ``rule_files``, in the
+    format of ``semhealth.alerts`` (``rule.schema.json``).
+    """
+
+    enabled: bool = True
+    evaluation_interval_s: float = 15.0
+    resend_delay_s: float = 60.0  # Prometheus' default: firing alerts are sent again this often
+    default_rules: bool = True
+    rules: tuple[object, ...] = ()  # rule entries as written; load_rules() judges them
+    rule_files: tuple[str, ...] = ()
+    external_url: str | None = None  # base of generatorURL; None: the admin listener's URL
+    alertmanager: Alertmanager = field(default_factory=Alertmanager)
+
+    def load_rules(self) -> tuple[Rule, ...]:
+        """The rules in force; raises ``RuleError`` listing every issue."""
+        return load_rules(defaults=self.default_rules, entries=self.rules, files=self.rule_files)
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.positive("evaluation_interval_s", self.evaluation_interval_s)
+        issues += checks.positive("resend_delay_s", self.resend_delay_s)
+        issues += checks.under("alertmanager", self.alertmanager.validate())
+        try:
+            self.load_rules()
+        except RuleError as exc:
+            issues += _rule_issues(exc, self.rule_files)
+        return issues
+
+
+def _rule_issues(error: RuleError, files: Sequence[str]) -> list[ConfigIssue]:
+    """Rule issues as config issues: entries of this file keep their path
+    (``rules[2].threshold``); those of a rules file point at ``rule_files[k]``."""
+    out = []
+    for issue in error.issues:
+        index = next((k for k, f in enumerate(files) if issue.path.startswith(f)), None)
+        if index is None:
+            out.append(ConfigIssue(issue.path, issue.message, issue.fix))
+        else:
+            out.append(
+                ConfigIssue(f"rule_files[{index}]", f"{issue.path}: {issue.message}", issue.fix)
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    upstream: Upstream = field(default_factory=Upstream)
+    listen: Listen = field(default_factory=Listen)
+    collectors: collectors_config.Config = field(default_factory=collectors_config.default_config)
+    log: Log = field(default_factory=Log)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    relevance: Relevance = field(default_factory=Relevance)
+    alerts: Alerts = field(default_factory=Alerts)
+
+    def validate(self) -> list[ConfigIssue]:
+        return (
+            checks.under("upstream", self.upstream.validate())
+            + checks.under("listen", self.listen.validate())
+            + validate_collectors(self.collectors)
+            + checks.under("log", self.log.validate())
+            + checks.under("telemetry", self.telemetry.validate())
+            + checks.under("relevance", self.relevance.validate())
+            + checks.under("alerts", self.alerts.validate())
+        )
+
+
+def default_config() -> Config:
+    """The configuration with every default; not valid until ``upstream.url`` is set."""
+    return Config()
+
+
+def validate_collectors(config: collectors_config.Config) -> list[ConfigIssue]:
+    """Check the meaning of ``routes``, ``limits`` and ``analysis`` (paths as in YAML)."""
+    return (
+        checks.route_issues(list(enumerate(config.routes)))
+        + checks.under("limits", checks.limits_issues(config.limits))
+        + checks.under("analysis", checks.analysis_issues(config.analysis))
+    )

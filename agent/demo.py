@@ -4,7 +4,11 @@ A newcomer sees live numbers without owning an LLM server: the simulated
 upstream streams OpenAI- and Anthropic-style answers with realistic timing
 (some JSON, some malformed, some stalls, some 429s), a traffic generator sends
 requests through the real proxy, and a summary of the analysed streams is
-printed to the terminal. The admin endpoint serves ``/metrics`` meanwhile.
+printed to the terminal: continuity, errors, validity and context relevance per route.
+The admin endpoint serves ``/metrics`` meanwhile.
+
+Relevance needs no extra: without sentence-transformers (the ``local`` extra) every
+request is scored with USE multilingual, a dependency of semhealth itself.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from typing import TextIO
 
 from semhealth.agent.alerting import ActiveAlert
 from semhealth.agent.app import Agent, Settings
-from semhealth.agent.config import load_config
+from semhealth.agent.config import Relevance, load_config
+from semhealth.agent.relevance import plan_relevance
 from semhealth.agent.simulator import DemoProfile, ScriptRequest, SimulatedUpstream, demo_script
 from semhealth.agent.traffic import TrafficGenerator
-from semhealth.collectors.continuity import measure_continuity, quantile
-from semhealth.collectors.record import StreamRecord
+from semhealth.collectors import StreamRecord, measure_continuity, quantile
+from semhealth.embeddings import RelevanceScores
 
 WINDOW_S = 60.0
 
@@ -37,6 +42,13 @@ WINDOW_S = 60.0
 class _Seen:
     t: float
     record: StreamRecord
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    t: float
+    key: tuple[str, str]  # route, provider
+    context: float  # calibrated context_relevance_score
 
 
 class DemoSummary:
@@ -52,16 +64,25 @@ class DemoSummary:
         self.validity = validity  # (route, model, provider) -> (valid, checked), as the gauge
         self.alerts = alerts  # pending and firing, as /alerts shows them
         self._recent: collections.deque[_Seen] = collections.deque()
+        self._scored: collections.deque[_Scored] = collections.deque()
         self.total = 0
 
     def consume_record(self, record: StreamRecord) -> None:
         self.total += 1
         self._recent.append(_Seen(time.monotonic(), record))
 
+    def consume_scores(self, record: StreamRecord, scores: RelevanceScores) -> None:
+        """A record's relevance scores, when its scoring finishes (after ``consume_record``)."""
+        if scores.context is not None:
+            key = (record.route, record.provider)
+            self._scored.append(_Scored(time.monotonic(), key, scores.context))
+
     def _window(self) -> list[StreamRecord]:
         horizon = time.monotonic() - WINDOW_S
         while self._recent and self._recent[0].t < horizon:
             self._recent.popleft()
+        while self._scored and self._scored[0].t < horizon:
+            self._scored.popleft()
         return [seen.record for seen in self._recent]
 
     def render(self) -> str:
@@ -73,15 +94,20 @@ class DemoSummary:
         header = (
             f"{'route':<18}{'provider':<20}{'n':>5}{'ttft p50':>10}{'ttft p95':>10}"
             f"{'cont p50':>10}{'cont p95':>10}{'stalls':>8}{'errors':>8}{'valid':>13}"
+            f"{'ctx rel':>9}"
         )
         lines.append(header)
         validity: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
         for (route, _model, provider), (ok, total) in self.validity().items():
             validity[(route, provider)][0] += ok
             validity[(route, provider)][1] += total
+        relevance: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+        for scored in self._scored:
+            relevance[scored.key].append(scored.context)
         for (route, provider), group in sorted(by_route.items()):
             ok, total = validity.get((route, provider), (0, 0))
-            lines.append(self._row(route, provider, group) + _share(ok, total))
+            context = relevance.get((route, provider), [])
+            lines.append(self._row(route, provider, group) + _share(ok, total) + _mean(context))
         lines += _alert_lines(self.alerts())
         return "\n".join(lines)
 
@@ -115,6 +141,13 @@ def _share(ok: int, total: int) -> str:
     return f"{f'{ok}/{total} {ok / total:.0%}':>13}"
 
 
+def _mean(values: list[float]) -> str:
+    """Mean calibrated context relevance over the window (0.75 is the default alert's line)."""
+    if not values:
+        return f"{'-':>9}"
+    return f"{sum(values) / len(values):>9.2f}"
+
+
 def _ms(values: list[float], q: float) -> str:
     if not values:
         return "-"
@@ -145,6 +178,8 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     traffic: TrafficGenerator | None = None
     try:
         await agent.start()
+        if agent.relevance is not None:
+            agent.relevance.also_record(summary.consume_scores)
         traffic = TrafficGenerator(
             agent.proxy_url,
             profile,
@@ -157,7 +192,8 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             f"semhealth demo (seed {seed}): proxy {agent.proxy_url}"
             f" -> simulated LLM {upstream.url}\n"
             f"metrics: {agent.admin_url}/metrics   alerts: {agent.admin_url}/alerts"
-            "   stop: Ctrl-C",
+            "   stop: Ctrl-C\n"
+            f"{_relevance_line(config.relevance, scoring=agent.relevance is not None)}",
             file=out,
         )
         await _show(summary, out, args.duration)
@@ -168,6 +204,17 @@ async def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         await upstream.shutdown()
     print(summary.render(), file=out)
     return 0
+
+
+def _relevance_line(relevance: Relevance, *, scoring: bool) -> str:
+    """Which encoders score the demo's traffic, or why none does."""
+    plan = plan_relevance(relevance)
+    if not scoring:
+        return f"context relevance: off ({plan.off or 'its encoders did not start; see the log'})"
+    encoders = ", ".join(f"'{encoder.name}' ({encoder.model})" for encoder in plan.encoders)
+    routed = plan.embeddings is not None and plan.embeddings.routes_cjk
+    how = "CJK requests to the second" if routed else "every request, in every language"
+    return f"context relevance: encoder {encoders}, {how}"
 
 
 async def _show(summary: DemoSummary, out: TextIO, duration_s: float | None) -> None:

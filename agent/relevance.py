@@ -1,5 +1,9 @@
 """Relevance scoring of live traffic, beside the forwarding path and never in its way.
 
+``plan_relevance`` decides, before any model loads, what scoring starts with: the
+configured encoders, USE for every request when ``auto`` finds sentence-transformers
+missing (``semhealth.embeddings.choose_encoders``), or nothing, with the reason.
+
 ``RelevanceStage.consume_record`` decides in O(1) whether a record is scored
 (has a query and something to compare it with, is sampled, and scoring is not
 saturated) and, if so, starts a task that embeds its texts through the shared
@@ -16,22 +20,77 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from importlib.machinery import ModuleSpec
 
-from semhealth.collectors.record import StreamRecord
-from semhealth.embeddings.errors import EmbeddingError, Overloaded
-from semhealth.embeddings.relevance import RelevanceScores
+from semhealth.agent.config import Relevance
+from semhealth.collectors import StreamRecord
+from semhealth.embeddings import (
+    Config,
+    EmbeddingError,
+    Encoder,
+    Overloaded,
+    RelevanceScores,
+    Scorer,
+    choose_encoders,
+    used_encoders,
+)
 
 log = logging.getLogger(__name__)
 
-
-class Scorer(Protocol):
-    async def score(
-        self, query: str, context_chunks: Sequence[str] = (), answer: str | None = None
-    ) -> RelevanceScores: ...
-
-
 RecordScores = Callable[[StreamRecord, RelevanceScores], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RelevancePlan:
+    """What relevance scoring starts with; ``open_scorer(embeddings, calibration_path=
+    calibration)`` opens it. ``embeddings`` None: scoring stays off, and ``off`` says why.
+
+    ``fallback`` is set when ``auto`` scores with other encoders than the configured ones:
+    one line for the start-up log, saying what and how to get the configured ones.
+    """
+
+    embeddings: Config | None
+    calibration: str | None = None  # the file for the default encoder; None: the shipped one
+    off: str | None = None
+    fallback: str | None = None
+
+    @property
+    def encoders(self) -> list[Encoder]:
+        """The encoders that will score (none when scoring stays off)."""
+        return [] if self.embeddings is None else used_encoders(self.embeddings)
+
+
+def plan_relevance(
+    relevance: Relevance,
+    *,
+    backend_given: bool = False,
+    find_spec: Callable[[str], ModuleSpec | None] | None = None,
+) -> RelevancePlan:
+    """What relevance scoring starts with, decided without importing any model package.
+
+    ``enabled: false``: nothing. ``true``, or a backend handed in by the caller: the
+    configured encoders, whatever is installed (a missing package fails the start). ``auto``:
+    the configured encoders when they can be built; USE for every request when only
+    sentence-transformers is missing (the default install); else nothing, with the reason.
+    ``find_spec`` looks packages up (None: ``importlib.util.find_spec``).
+    """
+    if relevance.enabled is False:
+        return RelevancePlan(None, off="relevance.enabled is false")
+    if relevance.enabled is True or backend_given:
+        return RelevancePlan(relevance.embeddings, relevance.calibration)
+    choice = choose_encoders(relevance.embeddings, find_spec)
+    if choice.config is None:
+        return RelevancePlan(None, off=choice.reason)
+    calibration = relevance.calibration
+    fallback = choice.fallback
+    default = relevance.embeddings.encoder
+    # The file was fitted for the configured default encoder: not for one chosen instead.
+    if fallback is not None and calibration is not None and choice.config.encoder != default:
+        fallback += (
+            f"; relevance.calibration ({calibration}) is for encoder '{default}' and is not applied"
+        )
+        calibration = None
+    return RelevancePlan(choice.config, calibration, fallback=fallback)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,7 +136,7 @@ class RelevanceStage:
     ) -> None:
         self._scorer = scorer
         self._settings = settings
-        self._record_scores = record_scores
+        self._record_scores: tuple[RecordScores, ...] = (record_scores,)
         self._rng = rng or random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = True
@@ -86,6 +145,11 @@ class RelevanceStage:
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    def also_record(self, record_scores: RecordScores) -> None:
+        """Hand each record's scores to ``record_scores`` too, after the sink given at build
+        (``semhealth demo``'s table, in-process only). Scores already in flight are not."""
+        self._record_scores = (*self._record_scores, record_scores)
 
     def consume_record(self, record: StreamRecord) -> None:
         reason = eligibility(record)
@@ -131,7 +195,7 @@ class RelevanceStage:
 async def _score(
     scorer: Scorer,
     stats: RelevanceStats,
-    record_scores: RecordScores,
+    record_scores: tuple[RecordScores, ...],
     record: StreamRecord,
     query: str,
     context: Sequence[str],
@@ -152,4 +216,5 @@ async def _score(
         log.exception("relevance scoring failed inside semhealth (a bug: please report)")
         return
     stats.scored += 1
-    record_scores(record, scores)
+    for sink in record_scores:
+        sink(record, scores)

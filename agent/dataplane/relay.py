@@ -323,7 +323,7 @@ class _Exchange:
         self.bodiless = False  # HEAD, 204, 304: nothing may follow the head
         self.finished = False
         self.pieces: list[bytes] = []
-        self.last_read = 0.0
+        self.last_read_ns = 0  # the read timer compares with this; one clock read per chunk
         self.read_timer: asyncio.TimerHandle | None = None
         self.total_timer: asyncio.TimerHandle | None = None
         self.retry_log: list[bytes] | None = []  # what was written upstream, for one retry
@@ -383,7 +383,7 @@ class _Exchange:
             request.terminated = True
             self.write_upstream(_LAST_CHUNK)
         conn.used = True
-        self.last_read = self.relay.loop.time()
+        self.last_read_ns = time.monotonic_ns()
         self._arm_read_timer(self.relay.upstream_settings.read_timeout_s)
 
     def _request_head(self) -> bytes:
@@ -436,8 +436,7 @@ class _Exchange:
     # -- the response, from the upstream
 
     def upstream_data(self, data: bytes) -> None:
-        t = time.monotonic_ns()
-        self.last_read = self.relay.loop.time()
+        t = self.last_read_ns = time.monotonic_ns()
         self.retry_log = None  # the upstream answered: never resend
         parser = self.parser
         assert parser is not None
@@ -610,7 +609,7 @@ class _Exchange:
         if self.finished:
             return
         read_s = self.relay.upstream_settings.read_timeout_s
-        idle = self.relay.loop.time() - self.last_read
+        idle = (time.monotonic_ns() - self.last_read_ns) / 1e9
         if idle < read_s:
             self._arm_read_timer(read_s - idle)
             return

@@ -8,8 +8,8 @@ reader's wrapper and never reach the proxy.
 Lifecycle: building a ``Telemetry`` starts nothing. ``start()`` starts the
 thread that pushes to OTLP on its interval; ``shutdown()`` stops it, pushes the
 last values and closes the exporter, within one deadline. Both are idempotent,
-and ``shutdown()`` is safe without ``start()``. Wiring that never calls
-``start()`` gets it on first use (the first stream analysed, the first scrape).
+and ``shutdown()`` is safe without ``start()``. ``/metrics`` (the Prometheus
+reader) needs no thread and answers either way.
 
 The proxy and the tap keep plain counters (``TapStats``, active streams);
 observable instruments read them at collection time, so the hot path only
@@ -391,13 +391,9 @@ class Telemetry:
         )
 
     def observe_analysis(self, seconds: float) -> None:
-        if not self._started:
-            self.start()  # for wiring that does not call start() (see the module's docstring)
         self.instruments.histograms["semhealth_analysis_duration"].record(seconds)
 
     def render_prometheus(self) -> bytes:
-        if not self._started:
-            self.start()
         return generate_latest(self._registry)
 
 

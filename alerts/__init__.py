@@ -4,10 +4,17 @@
 Prometheus' states; ``Notifier`` delivers to Alertmanager's API v2; ``render_rules``
 writes the same rules as Prometheus rule groups. Rules come from ``load_rules``:
 the shipped defaults, overridden by name, plus the user's own.
+
+The delivery names (``Notifier``, ``NotifierSettings``, ``DeliveryStats``) are imported on
+first use (PEP 562): they need aiohttp, which loading rules and evaluating them do not, so
+reading the configuration (the forwarding process does) never imports it.
 """
 
-from semhealth.alerts.alertmanager import DeliveryStats, Notifier
-from semhealth.alerts.alertmanager import Settings as NotifierSettings
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from semhealth.alerts.errors import AlertsError, RuleError, RuleIssue
 from semhealth.alerts.evaluator import Evaluator, GroupStatus, RuleStatus
 from semhealth.alerts.evaluator import Stats as EvaluatorStats
@@ -22,6 +29,31 @@ from semhealth.alerts.rules import (
 )
 from semhealth.alerts.sample import Sample
 from semhealth.alerts.signals import SIGNALS, Signal, signal_named
+
+if TYPE_CHECKING:
+    from semhealth.alerts.alertmanager import DeliveryStats, Notifier
+    from semhealth.alerts.alertmanager import Settings as NotifierSettings
+
+# Public names imported on first use: (module, name there).
+_LAZY = {
+    "DeliveryStats": ("alertmanager", "DeliveryStats"),
+    "Notifier": ("alertmanager", "Notifier"),
+    "NotifierSettings": ("alertmanager", "Settings"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where[0]}"), where[1])
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "RULES_SCHEMA",

@@ -103,3 +103,18 @@ def test_the_agent_imports_only_names_its_packages_list() -> None:
             if not any(getattr(package, public) is imported for public in package.__all__):
                 private.add((path.relative_to(ROOT).as_posix(), module, name))
     assert private <= NOT_YET_PUBLIC
+
+
+@pytest.mark.parametrize(
+    "module", ["semhealth.alerts", "semhealth.embeddings", "semhealth.agent.config"]
+)
+def test_reading_the_config_imports_no_client_library(module: str) -> None:
+    # A fresh interpreter. The forwarding process reads the config: aiohttp (the
+    # Alertmanager client, the HTTP encoders), grpc (the scorer client), tqdm and torch load
+    # only where they are used, in the analysis process.
+    heavy = ("aiohttp", "grpc", "tqdm", "torch", "opentelemetry")
+    probe = (
+        f"import sys, {module}; "
+        f"sys.exit(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})) != [])"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0

@@ -114,11 +114,11 @@ class RollingRatio:
 
 @dataclass(frozen=True, slots=True)
 class RecorderSettings:
-    validity_window_s: float = 300.0
-    max_label_values: int = 100
     # Deprecated, kept so that older wiring still builds: the stall threshold is the
     # collectors' (analysis.stall_threshold_s) and is not read here.
     stall_threshold_s: float = 0.5
+    validity_window_s: float = 300.0
+    max_label_values: int = 100
     # Deprecated: route name -> contract schema, for wiring that does not yet hand the
     # collectors their routes' contracts (agent.contracts.attach_contracts). Outputs on
     # these routes are checked again here, with the contract. Leave it None.

@@ -214,7 +214,9 @@ def _relevance_line(relevance: Relevance, *, scoring: bool) -> str:
     encoders = ", ".join(f"'{encoder.name}' ({encoder.model})" for encoder in plan.encoders)
     routed = plan.embeddings is not None and plan.embeddings.routes_cjk
     how = "CJK requests to the second" if routed else "every request, in every language"
-    return f"context relevance: encoder {encoders}, {how}"
+    line = f"context relevance: encoder {encoders}, {how}"
+    # The demo sets up no logging: the agent's log line about the fallback would not show.
+    return line if plan.fallback is None else f"{line}\n  ({plan.fallback})"
 
 
 async def _show(summary: DemoSummary, out: TextIO, duration_s: float | None) -> None:

@@ -112,6 +112,9 @@ async def test_the_demo_scores_context_relevance_from_the_first_command(
     assert await run_demo(demo_args(duration_s=8.0), out) == 0
     text = out.getvalue()
     assert f"context relevance: {encoders}" in text
+    if installed == "default install":
+        assert "sentence-transformers is not installed" in text
+        assert "pip install 'semhealth[local]'" in text
     final = text[text.rindex("streams analysed:") :]
     values = [float(v) for v in context_relevance_column(final) if v != "-"]
     assert values, final

@@ -25,7 +25,7 @@ from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.config import Address, Config, Relevance
-from semhealth.agent.contracts import load_contracts
+from semhealth.agent.contracts import attach_contracts
 from semhealth.agent.dataplane.relay import Relay
 from semhealth.agent.dataplane.settings import upstream_settings
 from semhealth.agent.errors import RelevanceStartError
@@ -76,7 +76,7 @@ class Settings:
 
 
 def telemetry_settings(config: Config) -> TelemetrySettings:
-    """The telemetry pipeline as configured; reads route contract files (start-up only)."""
+    """The telemetry pipeline as configured."""
     telemetry = config.telemetry
     otlp = telemetry.otlp
     return TelemetrySettings(
@@ -93,10 +93,8 @@ def telemetry_settings(config: Config) -> TelemetrySettings:
             insecure=otlp.insecure,
         ),
         recorder=RecorderSettings(
-            stall_threshold_s=config.collectors.analysis.stall_threshold_s,
             validity_window_s=telemetry.validity_window_s,
             max_label_values=telemetry.max_label_values,
-            contracts=load_contracts(config.collectors.routes),
         ),
     )
 
@@ -196,7 +194,7 @@ class Agent:
         )
         self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
         self.tap = Tap(
-            config.collectors,
+            attach_contracts(config.collectors),
             self._consume_record,
             stats=stats,
             observe_analysis=self.telemetry.observe_analysis,

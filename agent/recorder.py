@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
@@ -28,7 +27,7 @@ from semhealth.agent import metrics as m
 from semhealth.alerts.sample import Sample
 from semhealth.collectors.continuity import Continuity, intervals_s
 from semhealth.collectors.record import StreamRecord
-from semhealth.collectors.validity import SchemaCache, ValidityResult, validate_record
+from semhealth.collectors.validity import ValidityResult
 from semhealth.embeddings.relevance import RelevanceScores
 
 OTHER = "other"
@@ -114,15 +113,8 @@ class RollingRatio:
 
 @dataclass(frozen=True, slots=True)
 class RecorderSettings:
-    # Deprecated, kept so that older wiring still builds: the stall threshold is the
-    # collectors' (analysis.stall_threshold_s) and is not read here.
-    stall_threshold_s: float = 0.5
     validity_window_s: float = 300.0
     max_label_values: int = 100
-    # Deprecated: route name -> contract schema, for wiring that does not yet hand the
-    # collectors their routes' contracts (agent.contracts.attach_contracts). Outputs on
-    # these routes are checked again here, with the contract. Leave it None.
-    contracts: Mapping[str, dict[str, Any]] | None = None
 
 
 def error_type(record: StreamRecord) -> str:
@@ -164,8 +156,6 @@ class Recorder:
         self.consume_sample = consume_sample
         self.guard = LabelGuard(settings.max_label_values)
         self.validity = RollingRatio(settings.validity_window_s)
-        self._legacy_contracts = dict(settings.contracts or {})
-        self._legacy_schemas = SchemaCache() if self._legacy_contracts else None
 
     def semantic_attributes(self, record: StreamRecord) -> dict[str, AttributeValue]:
         return {
@@ -211,7 +201,7 @@ class Recorder:
         self._record_gen_ai(record, gen_ai, failure)
         if record.continuity is not None:
             self._record_continuity(record.continuity, semantic)
-        self._record_validity(self._legacy_validity(record), semantic)
+        self._record_validity(record.validity, semantic)
 
     def _record_gen_ai(
         self, record: StreamRecord, attrs: dict[str, AttributeValue], failure: str
@@ -259,14 +249,6 @@ class Recorder:
         self._emit("stream_max_gap", continuity.max_gap_s, attrs)
         if continuity.stalls:
             self._c["semantic_health_stream_stalls"].add(continuity.stalls, attrs)
-
-    def _legacy_validity(self, record: StreamRecord) -> tuple[ValidityResult, ...]:
-        """The record's verdicts; for a route whose contract only these settings know
-        (older wiring, see ``RecorderSettings.contracts``), the verdicts with it."""
-        contract = self._legacy_contracts.get(record.route)
-        if contract is None or self._legacy_schemas is None:
-            return record.validity
-        return tuple(validate_record(record, contract=contract, cache=self._legacy_schemas))
 
     def _record_validity(
         self, results: tuple[ValidityResult, ...], attrs: dict[str, AttributeValue]

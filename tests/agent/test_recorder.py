@@ -345,17 +345,3 @@ def test_the_recorder_records_the_verdicts_the_record_carries() -> None:
     unchecked = dataclasses.replace(_streamed_json_record('{"a": 1}'), validity=())
     recorder.consume_record(unchecked)
     assert "semantic_health_outputs" not in _points(reader)
-
-
-def test_contracts_given_to_the_recorder_still_apply_for_older_wiring() -> None:
-    # RecorderSettings.contracts is deprecated: the collectors check contracts now
-    # (Route.contract_schema, agent.contracts.attach_contracts).
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader], views=m.views())
-    contract = {"type": "object", "required": ["b"]}
-    recorder = Recorder(
-        m.Instruments(provider.get_meter("test")), RecorderSettings(contracts={"r": contract})
-    )
-    recorder.consume_record(_streamed_json_record('{"a": 1}'))
-    (outputs,) = _points(reader)["semantic_health_outputs"]
-    assert outputs.attributes["result"] == "contract"

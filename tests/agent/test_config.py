@@ -28,6 +28,7 @@ from semhealth.agent.config import (
     Config,
     ConfigError,
     ConfigIssue,
+    DataPlane,
     Listen,
     Log,
     Relevance,
@@ -330,6 +331,9 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
         listen=Listen(
             proxy=Address(host="::", port=8080), admin=Address(host="127.0.0.1", port=9100)
         ),
+        dataplane=DataPlane(
+            workers="auto", header_timeout_s=10, keepalive_timeout_s=30, tap_buffer_bytes=4194304
+        ),
         collectors=CollectorsConfig(
             routes=(
                 Route(
@@ -426,7 +430,7 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
     issues = issues_text(check_config_file(str(path), {}))
     assert issues == [
         f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
-        " here are: upstream, listen, routes, limits, analysis, log, telemetry,"
+        " here are: upstream, listen, dataplane, routes, limits, analysis, log, telemetry,"
         " relevance, alerts)"
     ]
 
@@ -775,6 +779,7 @@ def test_schema_defaults_match_default_config() -> None:
         **{f"limits.{k}": v for k, v in dataclasses.asdict(config.collectors.limits).items()},
         **{f"analysis.{k}": v for k, v in dataclasses.asdict(config.collectors.analysis).items()},
         **{f"log.{k}": v for k, v in dataclasses.asdict(config.log).items()},
+        **{f"dataplane.{k}": v for k, v in dataclasses.asdict(config.dataplane).items()},
         "telemetry.service_name": config.telemetry.service_name,
         "telemetry.resource_attributes": dict(config.telemetry.resource_attributes),
         "telemetry.validity_window_s": config.telemetry.validity_window_s,
@@ -880,6 +885,7 @@ def test_public_names_are_pinned() -> None:
         [
             "Alertmanager",
             "Alerts",
+            "DataPlane",
             "ENV_PREFIX",
             "LOG_FORMATS",
             "LOG_LEVELS",
@@ -1624,3 +1630,33 @@ def test_load_relevance_reports_only_the_relevance_section(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as caught:
         load_relevance(str(path), {})
     assert [issue.path for issue in caught.value.issues] == ["relevance.top_k"]
+
+
+# -- dataplane ---------------------------------------------------------------------------------
+
+
+def test_dataplane_workers_come_from_the_environment_as_a_number_or_auto() -> None:
+    env = {"SEMHEALTH_UPSTREAM__URL": URL}
+    assert (
+        load_config(None, {**env, "SEMHEALTH_DATAPLANE__WORKERS": "4"}, {}).dataplane.workers == 4
+    )
+    auto = {**env, "SEMHEALTH_DATAPLANE__WORKERS": "auto"}
+    assert load_config(None, auto, {}).dataplane.workers == "auto"
+
+
+def test_the_workers_flag_beats_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{workers: 3}}\n")
+    assert load_config(str(path), {}, {"dataplane.workers": 2}).dataplane.workers == 2
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [("workers: 0", "dataplane.workers"), ("workers: many", "dataplane.workers"),
+     ("header_timeout_s: 0", "dataplane.header_timeout_s")],
+)  # fmt: skip
+def test_a_bad_dataplane_setting_names_its_key(tmp_path: Path, setting: str, key: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{{setting}}}\n")
+    issues = check_config_file(str(path), {})
+    assert issues and all(issue.path.startswith(key) for issue in issues), issues

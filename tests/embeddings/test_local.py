@@ -9,14 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from semhealth.embeddings.cpus import available_cpus, cgroup_cpu_limit
 from semhealth.embeddings.errors import BackendError, ModelLoadError
-from semhealth.embeddings.local import (
-    LocalBackend,
-    available_cpus,
-    cgroup_cpu_limit,
-    resolve_model,
-    select_device,
-)
+from semhealth.embeddings.local import LocalBackend, resolve_model, select_device
 
 # -- device ----------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.config import Address, Config
 from semhealth.agent.contracts import attach_contracts
-from semhealth.agent.dataplane.relay import Relay
+from semhealth.agent.dataplane.relay import Relay, RelayStats
 from semhealth.agent.dataplane.settings import upstream_settings
 from semhealth.agent.errors import RelevanceStartError
 from semhealth.agent.recorder import RecorderSettings
@@ -156,7 +156,12 @@ class Agent:
             observe_analysis=self.telemetry.observe_analysis,
         )
         in_process = self._settings.tap_socket is None
-        self.proxy = Relay(upstream_settings(config), self.tap) if in_process else None
+        # In one process the relay counts the requests it rejects straight into the tap's
+        # stats; forwarders report theirs over the wire.
+        relay_stats = RelayStats(rejected=stats.requests_rejected)
+        self.proxy = (
+            Relay(upstream_settings(config), self.tap, stats=relay_stats) if in_process else None
+        )
         self.receiver = None if in_process else TapReceiver(self.tap)
         self._proxy_listening = False
         self._admin_runner: web.BaseRunner | None = None

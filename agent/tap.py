@@ -48,6 +48,10 @@ class TapStats:
     requests_unanalysed: dict[str, int] = field(default_factory=dict)
     analysis_errors: int = 0
     queue_depth: int = 0
+    # The forwarders' own, reported over the tap wire (or shared by the in-process relay).
+    requests_rejected: dict[str, int] = field(default_factory=dict)  # malformed, by reason
+    analysis_restarts: int = 0
+    wire_resets: int = 0
 
     def unanalysed(self, reason: str) -> None:
         self.requests_unanalysed[reason] = self.requests_unanalysed.get(reason, 0) + 1

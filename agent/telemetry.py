@@ -267,6 +267,14 @@ class Telemetry:
                 lambda: export.failures,
                 "OTLP metric exports that failed (the agent keeps serving).",
             ),
+            "semhealth_analysis_restarts": (
+                lambda: stats.analysis_restarts,
+                "Times the analysis process died and was started again (forwarding went on).",
+            ),
+            "semhealth_tap_wire_resets": (
+                lambda: stats.wire_resets,
+                "Times a forwarder dropped its tap wire because analysis stopped reading it.",
+            ),
         }
         for name, (read, description) in counters.items():
             meter.create_observable_counter(name, [_observe(read)], description=description)
@@ -274,6 +282,12 @@ class Telemetry:
             "semhealth_requests_unanalysed",
             [_observe_by("reason", lambda: dict(stats.requests_unanalysed))],
             description="Requests forwarded without analysing their body, by reason.",
+        )
+        meter.create_observable_counter(
+            "semhealth_requests_rejected",
+            [_observe_by("reason", lambda: dict(stats.requests_rejected))],
+            description="Malformed requests the proxy answered itself, never forwarded "
+            "(malformed, header_timeout, head_too_large, method_not_allowed).",
         )
 
     def _observe_relevance(

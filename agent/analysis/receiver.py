@@ -65,11 +65,11 @@ class TapReceiver:
         stats = self._tap.stats
         stats.chunks_dropped += max(new.chunks_dropped - old.chunks_dropped, 0)
         stats.streams_shed += max(new.streams_shed - old.streams_shed, 0)
-        unanalysed = stats.requests_unanalysed
-        for reason, count in new.requests_unanalysed.items():
-            added = count - old.requests_unanalysed.get(reason, 0)
-            if added > 0:
-                unanalysed[reason] = unanalysed.get(reason, 0) + added
+        stats.wire_resets += max(new.wire_resets - old.wire_resets, 0)
+        # Only worker 0 supervises this process, and its count outlives each of us.
+        stats.analysis_restarts = max(stats.analysis_restarts, new.analysis_restarts)
+        _add_new(stats.requests_unanalysed, new.requests_unanalysed, old.requests_unanalysed)
+        _add_new(stats.requests_rejected, new.requests_rejected, old.requests_rejected)
         self.forwarders[new.worker] = new
 
     def rejected(self) -> dict[str, int]:
@@ -78,6 +78,13 @@ class TapReceiver:
 
     def wire_resets(self) -> int:
         return sum(stats.wire_resets for stats in self.forwarders.values())
+
+
+def _add_new(total: dict[str, int], now: dict[str, int], before: dict[str, int]) -> None:
+    for key, count in now.items():
+        added = count - before.get(key, 0)
+        if added > 0:
+            total[key] = total.get(key, 0) + added
 
 
 def _sum(counts: Iterable[dict[str, int]]) -> dict[str, int]:

@@ -1019,6 +1019,7 @@ class Relay:
         *,
         listen: ListenSettings | None = None,
         local: Callable[[bytes, bytes], bytes | None] | None = None,
+        stats: RelayStats | None = None,
     ) -> None:
         self.upstream_settings = upstream
         self.listen_settings = listen or ListenSettings()
@@ -1028,7 +1029,7 @@ class Relay:
         # (method, request target) -> a whole response, or None to relay: the admin front
         # answers its health checks itself.
         self.local = local
-        self.stats = RelayStats()
+        self.stats = stats or RelayStats()
         self.clients: set[_ClientConnection] = set()
         self.active = 0  # exchanges in progress
         self.closing = False

@@ -138,6 +138,7 @@ async def test_killing_the_analysis_process_mid_traffic_costs_no_client_byte() -
                     return (await running.metrics()).get("semhealth_records_total", 0) >= 1
 
                 await _until(recorded)
+                assert (await running.metrics())["semhealth_analysis_restarts_total"] == 1
     finally:
         await upstream.shutdown()
 

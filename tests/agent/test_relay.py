@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import pytest
 
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
@@ -322,6 +323,17 @@ async def test_malformed_requests_get_a_plain_error_and_nothing_of_them_is_logge
     assert CANARY.encode() not in reply
     assert CANARY not in caplog.text
     assert b"never" not in reply
+
+
+async def test_rejected_requests_are_counted_by_reason_on_metrics() -> None:
+    async with running_stack(lambda r: RawScript(chunks=(b"never",))) as stack:
+        await exchange_raw(*stack.agent.proxy_address, b"GARBAGE / HTTP/1.1\r\n\r\n")
+        await exchange_raw(*stack.agent.proxy_address, b"CONNECT h:443 HTTP/1.1\r\n\r\n")
+        async with aiohttp.ClientSession() as client:
+            async with client.get(stack.agent.admin_url + "/metrics") as r:
+                text = await r.text()
+    assert 'semhealth_requests_rejected_total{reason="malformed"} 1.0' in text
+    assert 'semhealth_requests_rejected_total{reason="method_not_allowed"} 1.0' in text
 
 
 async def test_absolute_form_with_credentials_cannot_choose_the_upstream() -> None:

@@ -164,7 +164,7 @@ class Calibration:
             ) from exc
         if not isinstance(document, dict):
             raise CalibrationError(
-                f"a calibration file must hold a JSON object, not {_json_type(document)}"
+                f"a calibration file must hold a JSON object, not {json_type(document)}"
             )
         return cls(**_fields(document))
 
@@ -432,7 +432,7 @@ def _fields(document: dict[str, Any]) -> dict[str, Any]:
         value = document[key]
         # bool is an int to Python, never a number here.
         if isinstance(value, bool) or not isinstance(value, types):
-            raise CalibrationError(f"'{key}' must be {_type_names(types)}, not {_json_type(value)}")
+            raise CalibrationError(f"'{key}' must be {_type_names(types)}, not {json_type(value)}")
         fields[key] = float(value) if isinstance(value, int | float) and key != "n_fit" else value
     return fields
 
@@ -476,7 +476,8 @@ def _plain(value: Metric) -> Any:
     return value
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
+    """How a JSON document's value is named in an error message."""
     if value is None:
         return "null"
     if isinstance(value, bool):

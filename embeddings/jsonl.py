@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from semhealth.embeddings.calibration import Calibration, fit_calibration
+from semhealth.embeddings.calibration import Calibration, fit_calibration, json_type
 from semhealth.embeddings.errors import BackendError, Closed, EmbeddingError, Overloaded
 from semhealth.embeddings.relevance import RelevanceScores, Scorer
 from semhealth.embeddings.routing import RoutingScorer
@@ -268,7 +268,7 @@ def _parse(number: int, line: Line, *, labelled: bool) -> _Record | LineError:
         # The position only: orjson's message could quote the line.
         return LineError(number, f"not valid JSON (parser stopped at column {exc.colno})")
     if not isinstance(fields, dict):
-        return LineError(number, f"a record must be a JSON object, not {_json_type(fields)}")
+        return LineError(number, f"a record must be a JSON object, not {json_type(fields)}")
     query = fields.get("query")
     if not isinstance(query, str):
         return LineError(number, _expected("query", "a string", query))
@@ -307,22 +307,8 @@ def _label(value: object) -> int | None:
 
 
 def _expected(key: str, wanted: str, value: object) -> str:
-    found = "missing" if value is None else _json_type(value)
+    found = "missing" if value is None else json_type(value)
     return f"'{key}' must be {wanted}, not {found}"
-
-
-def _json_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return "null" if value is None else type(value).__name__
 
 
 # -- scoring many records at once, in order ----------------------------------------------------

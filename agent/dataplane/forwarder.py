@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before a restart
 _STABLE_S = 60.0  # a child that ran this long restarts with the first wait again
-_PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -302,15 +301,3 @@ def _plain(
     if error is not None:
         head.append(b"X-Semhealth-Error: %s\r\n" % error.encode())
     return b"".join(head) + b"\r\n" + body
-
-
-async def watch_parent(stop: asyncio.Event, parent: int) -> None:
-    """A child whose supervisor (``parent``, read when the child started) is gone stops
-    too: it would be reparented, not killed."""
-    while not stop.is_set():
-        if os.getppid() != parent:
-            log.warning("the supervising process is gone: stopping")
-            stop.set()
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), _PARENT_POLL_S)

@@ -471,7 +471,7 @@ class _Exchange:
             invalid = True
         if invalid:
             # The bytes before the fault went to the client, as they would have going direct.
-            self._protocol_error()
+            self._upstream_failed("upstream_invalid_response")
         elif self.upstream_framing == "done":
             self.finish()
 
@@ -570,9 +570,7 @@ class _Exchange:
         elif self.upstream_framing == "close":
             self.finish()  # a close-delimited body ends this way
         else:
-            self.outcome.upstream_aborted = True
-            self.outcome.error_type = "upstream_aborted"
-            self.finish()
+            self._upstream_failed("upstream_aborted")
 
     def retry(self) -> bool:
         """A pooled connection the upstream had already closed: resend on a new one, once."""
@@ -586,15 +584,16 @@ class _Exchange:
         self.connecting = self.relay.loop.create_task(self._connect())
         return True
 
-    def _protocol_error(self) -> None:
+    def _upstream_failed(self, kind: str) -> None:
+        """Before the head, the relay answers with its own error; mid-body, what came
+        before went to the client, and its connection ends so it knows the body is
+        incomplete instead of waiting for bytes that will never come."""
         self.upstream_reusable = False
         if not self.head_done:
-            self.fail("upstream_invalid_response")
+            self.fail(kind)
             return
-        # Mid-body: what came before went to the client; end its connection so it knows the
-        # body is incomplete instead of waiting for bytes that will never come.
         self.outcome.upstream_aborted = True
-        self.outcome.error_type = "upstream_invalid_response"
+        self.outcome.error_type = kind
         self.finish()
 
     # -- timers
@@ -613,21 +612,12 @@ class _Exchange:
         if idle < read_s:
             self._arm_read_timer(read_s - idle)
             return
-        self._timeout()
+        self._upstream_failed("upstream_timeout")
 
     def _total_timeout(self) -> None:
         self.total_timer = None
         if not self.finished:
-            self._timeout()
-
-    def _timeout(self) -> None:
-        self.upstream_reusable = False
-        if not self.head_done:
-            self.fail("upstream_timeout")
-            return
-        self.outcome.upstream_aborted = True
-        self.outcome.error_type = "upstream_timeout"
-        self.finish()
+            self._upstream_failed("upstream_timeout")
 
     # -- ending
 

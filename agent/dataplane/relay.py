@@ -42,6 +42,9 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_DROP = _HOP_BY_HOP | {b"host", b"transfer-encoding", b"proxy-authorization", b"trailer"}
 _MAX_HEAD_BYTES = 64 * 1024
 _RETRY_KEEP_BYTES = 64 * 1024  # a request this small is resent when a pooled connection was stale
+# Requests that may be sent twice (RFC 9110 §9.2.2), as Go's http.Transport decides.
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+_IDEMPOTENCY_KEYS = frozenset({b"idempotency-key", b"x-idempotency-key"})
 _POOL_MAX_IDLE = 256
 _POOL_IDLE_S = 30.0
 _WRITE_HIGH = 64 * 1024
@@ -158,14 +161,13 @@ _REJECTS = {
 class _UpstreamConnection(asyncio.Protocol):
     """One connection to the upstream; serves one exchange at a time, then may be pooled."""
 
-    __slots__ = ("closed", "exchange", "idle_since", "pool", "transport", "used")
+    __slots__ = ("closed", "exchange", "idle_since", "pool", "transport")
 
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.exchange: _Exchange | None = None
         self.closed = False
-        self.used = False  # served an exchange before: a stale keep-alive is possible
         self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -328,7 +330,7 @@ class _Exchange:
         self.total_timer: asyncio.TimerHandle | None = None
         self.retry_log: list[bytes] | None = []  # what was written upstream, for one retry
         self.retry_size = 0
-        self.retried = False
+        self.reused = False  # the connection came from the pool: it may have gone stale
         self.connecting: asyncio.Task[None] | None = None
 
     # -- starting
@@ -340,6 +342,7 @@ class _Exchange:
             return
         conn = relay.pool.take(relay.loop.time())
         if conn is not None:
+            self.reused = True
             self.attach(conn)
         else:
             self.client.pause_reading("connect")
@@ -382,7 +385,6 @@ class _Exchange:
         if request.complete and request.chunked and not request.terminated:
             request.terminated = True
             self.write_upstream(_LAST_CHUNK)
-        conn.used = True
         self.last_read_ns = time.monotonic_ns()
         self._arm_read_timer(self.relay.upstream_settings.read_timeout_s)
 
@@ -563,8 +565,7 @@ class _Exchange:
             return
         self.upstream_reusable = False
         if not self.head_done:
-            stale = self.upstream is not None and self.upstream.used and not self.retried
-            if stale and self.retry():
+            if self.reused and self.retry():
                 return
             self.fail("upstream_unreachable")
         elif self.upstream_framing == "close":
@@ -573,10 +574,15 @@ class _Exchange:
             self._upstream_failed("upstream_aborted")
 
     def retry(self) -> bool:
-        """A pooled connection the upstream had already closed: resend on a new one, once."""
-        if self.retry_log is None:
+        """A pooled connection the upstream had already closed: resend on a new one, once.
+
+        Only a request that may be sent twice (an idempotent method, or one carrying an
+        idempotency key): a server that died mid-request would otherwise see an LLM call
+        twice. The rest get a 502, as nginx answers them.
+        """
+        if self.retry_log is None or not _replayable(self.request):
             return False
-        self.retried = True
+        self.reused = False
         sent, self.retry_log, self.retry_size = self.retry_log, [], 0
         self.upstream = None
         self.request.pending = sent[1:] + self.request.pending  # attach() rebuilds the head
@@ -953,6 +959,12 @@ class _Rejected(Exception):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _replayable(request: _Request) -> bool:
+    return request.method in _IDEMPOTENT or any(
+        name.lower() in _IDEMPOTENCY_KEYS for name, _ in request.headers
+    )
 
 
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:

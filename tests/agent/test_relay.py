@@ -278,26 +278,57 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
         assert reply.count(b"HTTP/1.1 200") == 3
 
 
-async def test_a_request_on_a_pooled_connection_the_upstream_dropped_is_sent_again() -> None:
+def _drops_the_second_request_on_a_connection() -> Callable[[bytes], list[bytes | float | None]]:
+    """The first request on a connection is answered; a second one finds it closed, as
+    when an upstream's keep-alive timeout races the relay's reuse."""
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     served: dict[int, int] = {}
 
     def respond(head: bytes) -> list[bytes | float | None]:
-        # The first request on a connection is answered; a second one finds it closed, as
-        # when an upstream's keep-alive timeout races the relay's reuse.
         task = id(asyncio.current_task())
         served[task] = served.get(task, 0) + 1
         return [ok] if served[task] == 1 else [None]
 
-    async with raw_upstream(respond) as up:
+    return respond
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+        b"Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+    ],
+    ids=["get", "post-with-idempotency-key"],
+)
+async def test_a_replayable_request_on_a_dropped_pooled_connection_is_sent_again(
+    request_bytes: bytes,
+) -> None:
+    async with raw_upstream(_drops_the_second_request_on_a_connection()) as up:
         async with running_stack(
             lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
         ) as stack:
-            request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            first = await exchange_raw(*stack.agent.proxy_address, request)
-            second = await exchange_raw(*stack.agent.proxy_address, request)
+            first = await exchange_raw(*stack.agent.proxy_address, request_bytes)
+            second = await exchange_raw(*stack.agent.proxy_address, request_bytes)
     assert first.endswith(b"ok") and second.endswith(b"ok")
     assert len(up.requests) == 3  # the second one twice: on the dropped connection, then anew
+
+
+async def test_a_post_on_a_dropped_pooled_connection_is_never_sent_twice() -> None:
+    # The upstream may have started the LLM call before it died: a 502, as nginx answers.
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n{}"
+    )
+    async with raw_upstream(_drops_the_second_request_on_a_connection()) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            first = await exchange_raw(*stack.agent.proxy_address, request)
+            second = await exchange_raw(*stack.agent.proxy_address, request)
+    assert first.endswith(b"ok")
+    assert second.startswith(b"HTTP/1.1 502 ")
+    assert len(up.requests) == 2
 
 
 # --------------------------------------------------------------------------- hostile clients

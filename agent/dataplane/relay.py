@@ -375,6 +375,9 @@ class _Exchange:
     def attach(self, conn: _UpstreamConnection) -> None:
         self.upstream = conn
         conn.exchange = self
+        if self.client.write_paused and conn.transport is not None:
+            # The client is still behind on an earlier answer: this one waits for it too.
+            conn.transport.pause_reading()
         self.parser = httptools.HttpResponseParser(_ResponseCallbacks(self))
         request = self.request
         self.write_upstream(self._request_head())

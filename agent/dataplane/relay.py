@@ -375,9 +375,13 @@ class _Exchange:
     def attach(self, conn: _UpstreamConnection) -> None:
         self.upstream = conn
         conn.exchange = self
-        if self.client.write_paused and conn.transport is not None:
-            # The client is still behind on an earlier answer: this one waits for it too.
-            conn.transport.pause_reading()
+        if conn.transport is not None:
+            # A pooled connection may have been paused for its last client; this client may
+            # still be behind on an earlier answer. Read exactly when this client can take it.
+            if self.client.write_paused:
+                conn.transport.pause_reading()
+            else:
+                conn.transport.resume_reading()
         self.parser = httptools.HttpResponseParser(_ResponseCallbacks(self))
         request = self.request
         self.write_upstream(self._request_head())

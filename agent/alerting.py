@@ -98,8 +98,15 @@ class AlertingStage:
     that starts firing or resolves is logged with its labels and value.
     """
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_task_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self._settings = settings
+        self._on_task_failure = on_task_failure
         self._clock = clock
         self._samples: deque[Sample] = deque()
         self._yield = GILYield()
@@ -152,6 +159,11 @@ class AlertingStage:
             await self._notifier.start()
         await self.evaluate_now()  # /alerts shows every rule from the start
         self._task = asyncio.create_task(self._run(), name="semhealth-alert-evaluation")
+        self._task.add_done_callback(self._evaluation_done)
+
+    def _evaluation_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._on_task_failure:
+            self._on_task_failure(task.exception())  # type: ignore[arg-type]
 
     async def _run(self) -> None:
         interval = self._settings.interval_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ from aiohttp import web
 from semhealth.agent.admin import build_admin_app
 from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
+from semhealth.agent.analysis.health import Health
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.config import Address, Config
 from semhealth.agent.contracts import attach_contracts
@@ -62,6 +63,9 @@ class Settings:
     # admin app listens on ``admin_socket`` (the forwarder's admin front relays to it).
     tap_socket: str | None = None
     admin_socket: str | None = None
+    # A background task died (Health): the analysis process stops here so that it is
+    # started again whole; None (one process): /readyz answers 503 from then on.
+    on_background_failure: Callable[[str], None] | None = None
 
 
 def telemetry_settings(config: Config) -> TelemetrySettings:
@@ -136,8 +140,11 @@ class Agent:
         self.relevance: RelevanceStage | None = None  # set by start() when scoring runs
         self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
         self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
+        self.health = Health(self._settings.on_background_failure)
         alerting = self.alerting = (
-            AlertingStage(alerting_settings(config)) if config.alerts.enabled else None
+            AlertingStage(alerting_settings(config), on_task_failure=self.health.reporter("alerts"))
+            if config.alerts.enabled
+            else None
         )
         self.telemetry = Telemetry(
             self._settings.telemetry or telemetry_settings(config),
@@ -147,6 +154,7 @@ class Agent:
             cache_stats=lambda: _cache_stats(self._batchers),
             consume_sample=alerting.observe if alerting is not None else None,
             alerting_stats=alerting.stats if alerting is not None else lambda: None,
+            background_failures=lambda: dict(self.health.failures),
         )
         self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
         self.tap = Tap(
@@ -154,6 +162,7 @@ class Agent:
             self._consume_record,
             stats=stats,
             observe_analysis=self.telemetry.observe_analysis,
+            on_task_failure=self.health.reporter("tap"),
         )
         in_process = self._settings.tap_socket is None
         # In one process the relay counts the requests it rejects straight into the tap's
@@ -193,7 +202,12 @@ class Agent:
         stack = AsyncExitStack()
         try:
             scorer = await stack.enter_async_context(
-                open_scorer(plan.embeddings, calibration_path=plan.calibration, backend=backend)
+                open_scorer(
+                    plan.embeddings,
+                    calibration_path=plan.calibration,
+                    backend=backend,
+                    on_task_failure=self.health.reporter("relevance"),
+                )
             )
         except (EmbeddingError, ValueError) as exc:
             await stack.aclose()
@@ -250,7 +264,7 @@ class Agent:
         return _url(self.admin_address)
 
     def ready(self) -> bool:
-        return self._ready
+        return self._ready and not self.health.failed
 
     async def start(self) -> None:
         try:

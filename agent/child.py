@@ -61,12 +61,11 @@ async def watch_parent(stop: asyncio.Event, parent: int) -> None:
             await asyncio.wait_for(stop.wait(), _PARENT_POLL_S)
 
 
-async def serve_until_stopped(
-    part: Part, parent: int, on_hangup: Callable[[], None] | None = None
-) -> int:
-    """Start ``part`` (signals first: a stop while it starts is a clean stop), serve until
-    SIGTERM/SIGINT or the supervisor's end, then shut it down."""
-    stop = stop_on_signals(on_hangup)
+async def serve_until_stopped(part: Part, parent: int, stop: asyncio.Event | None = None) -> int:
+    """Start ``part``, serve until ``stop`` (by default SIGTERM/SIGINT; make it with
+    ``stop_on_signals`` first, so a stop while the part starts is a clean stop) or the
+    supervisor's end, then shut it down."""
+    stop = stop or stop_on_signals()
     await part.start()
     try:
         await watch_parent(stop, parent)

@@ -95,10 +95,12 @@ class Tap:
         *,
         stats: TapStats | None = None,
         observe_analysis: Callable[[float], None] | None = None,
+        on_task_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._config = config
         self._consume_record = consume_record
         self._observe_analysis = observe_analysis
+        self._on_task_failure = on_task_failure
         self._capacity = config.limits.tap_queue_size
         self._items: collections.deque[tuple[TapStream, bytes | None, int]] = collections.deque()
         self._data_items = 0
@@ -136,13 +138,18 @@ class Tap:
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="semhealth-tap")
+            self._task.add_done_callback(self._worker_done)
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._on_task_failure:
+            self._on_task_failure(task.exception())  # type: ignore[arg-type]
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop taking chunks, analyse what is queued (within the deadline), stop the worker."""
         self._accepting = False
         task, self._task = self._task, None
-        if task is None:
-            return
+        if task is None or task.done():
+            return  # never started, or died: its failure was reported when it happened
         self._drained.clear()
         self._wakeup.set()
         with contextlib.suppress(TimeoutError):

@@ -166,6 +166,7 @@ class Telemetry:
         cache_stats: Callable[[], CacheStats | None] = lambda: None,
         consume_sample: ConsumeSample | None = None,
         alerting_stats: Callable[[], AlertingStats | None] = lambda: None,
+        background_failures: Callable[[], dict[str, int]] = dict,
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
@@ -193,6 +194,12 @@ class Telemetry:
         self.instruments = m.Instruments(meter)
         self.recorder = Recorder(self.instruments, settings.recorder, consume_sample=consume_sample)
         self._observe_agent(meter, tap_stats, active_streams)
+        meter.create_observable_counter(
+            "semhealth_background_failures",
+            [_observe_by("task", background_failures)],
+            description="Background tasks of the analysis plane that died (a bug: please "
+            "report); the analysis process restarts, one process turns /readyz to 503.",
+        )
         self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats, alerting_stats)
         self._observe_alerting(meter, alerting_stats)
         self._lifecycle = threading.Lock()

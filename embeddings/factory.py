@@ -9,7 +9,7 @@ module costs neither torch (local), grpc (scorer) nor aiohttp (tei, openai).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +39,7 @@ async def open_scorer(
     calibration_path: str | Path | None = None,
     backend: Backend | None = None,
     backends: Mapping[str, Backend] | None = None,
+    on_task_failure: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[RelevanceScorer | RoutingScorer]:
     """The sidecar's scorer: for each encoder used, its backend, micro-batcher and calibration.
 
@@ -74,7 +75,9 @@ async def open_scorer(
                 calibrate = calibration or load_calibration(model, calibration_path)
             else:
                 calibrate = load_calibration(model)
-            batcher = MicroBatcher(used, encoder.batching, cache=cache)
+            batcher = MicroBatcher(
+                used, encoder.batching, cache=cache, on_task_failure=on_task_failure
+            )
             await batcher.start()
             stack.push_async_callback(batcher.shutdown)
             scorers[name] = RelevanceScorer(batcher, top_k=config.top_k, calibrate=calibrate)

@@ -15,24 +15,47 @@ import os
 from collections.abc import Sequence
 
 from semhealth.agent.child import run_child, serve_until_stopped
-from semhealth.agent.cli import overrides, reload_rules, setup_logging
+from semhealth.agent.cli import overrides, reload_rules, setup_logging, stop_on_signals
 from semhealth.agent.config import load_config
+
+BACKGROUND_FAILURE_EXIT = 3  # a background task died; the supervisor restarts the process
+
+
+# Forwarding and analysis share the pod's CPUs; when both want one, the kernel gives it to
+# forwarding (nice 0). Analysis then falls behind and sheds, counted, instead of delaying a
+# token: the design's rule, enforced by the scheduler rather than hoped for.
+ANALYSIS_NICENESS = 10
 
 
 async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
     from semhealth.agent.app import Agent, Settings
 
+    os.nice(ANALYSIS_NICENESS)
     config = load_config(run.config, os.environ, overrides(run))
     setup_logging(config.log.level)
-    agent = Agent(config, Settings(tap_socket=own.tap_socket, admin_socket=own.admin_socket))
     reloads: set[asyncio.Task[None]] = set()
+    failed: list[str] = []
 
     def hangup() -> None:
         task = asyncio.create_task(reload_rules(agent, run))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
-    return await serve_until_stopped(agent, own.parent, hangup if run.config else None)
+    stop = stop_on_signals(hangup if run.config else None)
+
+    def background_failure(task: str) -> None:
+        # Half an analysis plane is worse than a restart: stop, and be started again whole.
+        failed.append(task)
+        stop.set()
+
+    settings = Settings(
+        tap_socket=own.tap_socket,
+        admin_socket=own.admin_socket,
+        on_background_failure=background_failure,
+    )
+    agent = Agent(config, settings)
+    await serve_until_stopped(agent, own.parent, stop)
+    return BACKGROUND_FAILURE_EXIT if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -276,16 +276,22 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 async def _score(args: argparse.Namespace) -> int:
+    from semhealth.agent.relevance import plan_relevance
     from semhealth.embeddings import open_scorer, score_jsonl
 
     relevance = load_relevance(args.config, os.environ)
     setup_logging("warning")
+    # As the sidecar decides under enabled: auto: USE for everything on a default install.
+    plan = plan_relevance(dataclasses.replace(relevance, enabled="auto"))
+    if plan.embeddings is None:
+        print(f"semhealth score: relevance cannot be scored here: {plan.off}", file=sys.stderr)
+        return 1
+    if plan.fallback is not None:
+        print(f"semhealth score: {plan.fallback}", file=sys.stderr)
     counted = sys.stderr.isatty() and args.file != "-"
     total = await asyncio.to_thread(_count_records, args.file) if counted else None
     with _input(args.file) as lines, _output(args.output) as out:
-        async with open_scorer(
-            relevance.embeddings, calibration_path=relevance.calibration
-        ) as scorer:
+        async with open_scorer(plan.embeddings, calibration_path=plan.calibration) as scorer:
             summary = await score_jsonl(lines, out, scorer, progress=True, total=total)
     print(
         f"semhealth score: {summary.written} of {summary.records} records scored, "

@@ -107,3 +107,35 @@ def test_calibrate_of_an_unknown_encoder_is_a_config_error(
 def test_score_of_a_missing_file_says_so(tmp_path: Path, config: Path) -> None:
     code = main(["score", str(tmp_path / "gone.jsonl"), "--config", str(config)])
     assert code == 1
+
+
+# `semhealth score` as on a default install: sentence-transformers and torch cannot be found.
+_SCORE_WITHOUT_LOCAL_EXTRA = """
+import sys
+
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("sentence_transformers", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Hide())
+from semhealth.agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_score_on_a_default_install_falls_back_to_use_and_says_so(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", RECORDS[:1])
+    out = tmp_path / "out.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-c", _SCORE_WITHOUT_LOCAL_EXTRA, "score", str(source), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "sentence-transformers is not installed" in result.stderr
+    (scored,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    # A clear match scores high with USE too.
+    assert scored["context_relevance_score"] > 0.5

@@ -94,6 +94,12 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
     return _VARIABLE.sub(lambda m: known[m.group(1) or m.group(2)], expr)
 
 
+_REGEX_SPECIAL = re.compile(r"[$^*+?.()|\\{}\[\]]")
+
+
 def multi(*values: str) -> str:
-    """A multi-value selection as Grafana sends it to Prometheus: a regex alternation."""
-    return "(" + "|".join(re.escape(value) for value in values) + ")"
+    """A multi-value selection as Grafana's Prometheus data source sends it: a regex
+    alternation, each special character escaped with two backslashes (one for the regex, one
+    for the PromQL string), as its ``prometheusSpecialRegexEscape`` does."""
+    escaped = (_REGEX_SPECIAL.sub(lambda m: "\\\\" + m.group(0), value) for value in values)
+    return "(" + "|".join(escaped) + ")"

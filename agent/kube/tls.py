@@ -2,24 +2,23 @@
 
 A Secret rotation (cert-manager, or the chart's hook Job run again) rewrites the mounted
 files in place, and the API server keeps calling. So every TLS handshake, through the
-standard library's ``sni_callback``, checks the files' identity (at most once per
-``check_interval_s``) and, when they changed, hands the handshake a freshly loaded
-context. A half-written pair (certificate renewed, key not yet) fails to load: the last
-good context keeps serving and the next handshake tries again.
+standard library's ``sni_callback``, checks the files' content (at most once per
+``check_interval_s``: two small reads from a tmpfs, cheap enough for the event loop) and,
+when they changed, hands the handshake a freshly loaded context. A half-written pair
+(certificate renewed, key not yet) fails to load: the last good context keeps serving and
+the next handshake tries again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
 import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("semhealth.injector")
-
-Signature = tuple[tuple[int, int, int], ...]
 
 
 class CertificateReloader:
@@ -37,7 +36,7 @@ class CertificateReloader:
         self._files = (Path(cert_file), Path(key_file))
         self._interval = check_interval_s
         self._clock = clock
-        self._signature = self._stat()
+        self._signature = self._fingerprint()
         self._current = self._load()
         self._checked_at = clock()
         self.reloads = 0  # successful reloads since start, for tests and logs
@@ -58,7 +57,7 @@ class CertificateReloader:
             return
         self._checked_at = now
         try:
-            signature = self._stat()
+            signature = self._fingerprint()
         except OSError as exc:  # mid-rotation, the files may be missing for a moment
             log.warning("TLS certificate files unreadable, serving the last good pair: %s", exc)
             return
@@ -84,8 +83,10 @@ class CertificateReloader:
         context.load_cert_chain(*self._files)
         return context
 
-    def _stat(self) -> Signature:
-        # os.stat follows the ..data symlink a Secret volume swaps, so a rotation shows up
-        # as a new inode and mtime even when the size stays the same.
-        stats = [os.stat(path) for path in self._files]
-        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
+    def _fingerprint(self) -> bytes:
+        # The content, not mtime or inode: a rewrite within one clock tick, or by a tool
+        # that keeps the inode, is still seen (a Secret volume swaps a ..data symlink).
+        digest = hashlib.sha256()
+        for path in self._files:
+            digest.update(path.read_bytes())
+        return digest.digest()

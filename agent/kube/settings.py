@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from semhealth.agent.kube.errors import AnnotationError
 
@@ -48,6 +49,12 @@ CPU_REQUEST_DEFAULT = "100m"
 CPU_LIMIT_DEFAULT: str | None = None
 
 _QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_SUFFIXES = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    **{suffix: Decimal(1000) ** (i + 1) for i, suffix in enumerate("kMGTPE")},
+    **{suffix + "i": Decimal(1024) ** (i + 1) for i, suffix in enumerate("KMGTPE")},
+}
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
@@ -108,6 +115,7 @@ def read_options(annotations: Mapping[str, str], settings: Settings) -> Options:
         memory_request=_quantity(annotations, MEMORY_REQUEST, memory[0]),
         memory_limit=_quantity(annotations, MEMORY_LIMIT, memory[1]),
     )
+    _check_requests_within_limits(resources)
     return Options(
         image=settings.image,
         upstream_port=upstream,
@@ -116,6 +124,29 @@ def read_options(annotations: Mapping[str, str], settings: Settings) -> Options:
         scorer=scorer,
         resources=resources,
     )
+
+
+def _check_requests_within_limits(sizes: Resources) -> None:
+    """The API server rejects a Pod whose request is above its limit: catch it here, so the
+    webhook warns instead of turning a good Pod into one that cannot be created."""
+    pairs = [
+        (MEMORY_REQUEST, sizes.memory_request, MEMORY_LIMIT, sizes.memory_limit),
+        (CPU_REQUEST, sizes.cpu_request, CPU_LIMIT, sizes.cpu_limit),
+    ]
+    for request_name, request, limit_name, limit in pairs:
+        if limit is not None and quantity_value(request) > quantity_value(limit):
+            raise AnnotationError(
+                f"{request_name} {request} is above {limit_name} {limit}; raise the limit "
+                "or lower the request"
+            )
+
+
+def quantity_value(text: str) -> Decimal:
+    """A Kubernetes quantity as a number (``256Mi`` -> 268435456, ``250m`` -> 0.25)."""
+    found = _QUANTITY.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a quantity")
+    return Decimal(found.group(1)) * _SUFFIXES[found.group(3) or ""]
 
 
 def _proxy_port(annotations: Mapping[str, str], upstream: int) -> int:

@@ -3,10 +3,12 @@ named with its annotation."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from semhealth.agent.kube import AnnotationError, Settings, read_options
-from semhealth.agent.kube.settings import wants_injection
+from semhealth.agent.kube.settings import quantity_value, wants_injection
 
 SETTINGS = Settings(image="semhealth/semhealth:0.1.0")
 
@@ -99,6 +101,18 @@ def test_takeover_port_makes_the_sidecar_listen_on_the_model_servers_old_port() 
         ),
         ({"semhealth.io/cpu-limit": ""}, "semhealth.io/cpu-limit: '' is not a Kubernetes quantity"),
         (
+            {"semhealth.io/memory-request": "1Gi", "semhealth.io/memory-limit": "512Mi"},
+            "semhealth.io/memory-request 1Gi is above semhealth.io/memory-limit 512Mi",
+        ),
+        (
+            {"semhealth.io/memory-request": "600Mi"},
+            "semhealth.io/memory-request 600Mi is above semhealth.io/memory-limit 512Mi",
+        ),
+        (
+            {"semhealth.io/cpu-request": "1.5", "semhealth.io/cpu-limit": "1000m"},
+            "semhealth.io/cpu-request 1.5 is above semhealth.io/cpu-limit 1000m",
+        ),
+        (
             {"semhealth.io/config-map": "Not_A_Name"},
             "semhealth.io/config-map: 'Not_A_Name' is not a ConfigMap name",
         ),
@@ -126,6 +140,21 @@ def test_inject_annotation_and_inject_all(
     annotations = {} if value is None else {"semhealth.io/inject": value}
     settings = Settings(image="img", inject_all=inject_all)
     assert wants_injection(annotations, settings) is wanted
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("256Mi", 268435456),
+        ("250m", 0.25),
+        ("1Gi", 1073741824),
+        ("1G", 10**9),
+        ("1.5", 1.5),
+        (".5", 0.5),
+    ],
+)
+def test_quantities_compare_as_kubernetes_reads_them(text: str, value: float) -> None:
+    assert quantity_value(text) == Decimal(str(value))
 
 
 def test_inject_annotation_must_be_true_or_false() -> None:

@@ -83,7 +83,14 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
     if not isinstance(metadata, Mapping) or not isinstance(metadata.get("annotations"), Mapping):
         ops.append(Operation("add", "/metadata/annotations", {}))
         created.append("/metadata/annotations")
-    ops.append(Operation("add", "/spec/containers/-", container(options)))
+    where = _sidecar_list(template["spec"])
+    sidecar = container(options)
+    if where == "initContainers":
+        sidecar["restartPolicy"] = "Always"
+        if not isinstance(template["spec"].get(where), list):
+            ops.append(Operation("add", f"/spec/{where}", []))
+            created.append(f"/spec/{where}")
+    ops.append(Operation("add", f"/spec/{where}/-", sidecar))
     if not isinstance(template["spec"].get("volumes"), list):
         ops.append(Operation("add", "/spec/volumes", []))
         created.append("/spec/volumes")
@@ -102,6 +109,14 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
         )
     )
     return ops
+
+
+def _sidecar_list(spec: Mapping[str, Any]) -> str:
+    """Where the sidecar goes. A Pod that runs to completion (a Job's: restartPolicy Never or
+    OnFailure) would never complete beside a container that serves forever, so there it is a
+    native sidecar: an init container with restartPolicy Always (Kubernetes 1.29 and later),
+    started before the app and stopped by the kubelet once the app's containers exit."""
+    return "initContainers" if spec.get("restartPolicy") in ("Never", "OnFailure") else "containers"
 
 
 def _check_free(spec: Mapping[str, Any], options: Options, *, takeover: bool) -> None:
@@ -158,7 +173,9 @@ def uninject_template(template: Mapping[str, Any]) -> dict[str, Any] | None:
         raise InjectionError(f"{STATUS} is not what injection wrote: {exc}") from exc
     result: dict[str, Any] = copy.deepcopy(dict(template))
     spec = result["spec"]
-    spec["containers"] = [c for c in spec["containers"] if c.get("name") not in containers]
+    for where in ("containers", "initContainers"):
+        if isinstance(spec.get(where), list):
+            spec[where] = [c for c in spec[where] if c.get("name") not in containers]
     if isinstance(spec.get("volumes"), list):
         spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in added]
     del result["metadata"]["annotations"][STATUS]

@@ -50,15 +50,19 @@ def documents(text: str) -> list[Any]:
     return list(yaml.safe_load_all(text))
 
 
-def containers_at(document: dict[str, Any], path: tuple[str, ...]) -> list[str]:
+def containers_at(
+    document: dict[str, Any], path: tuple[str, ...], where: str = "containers"
+) -> list[str]:
     template: Any = document
     for key in path:
         template = template[key]
-    return [c["name"] for c in template["spec"]["containers"]]
+    return [c["name"] for c in template["spec"][where]]
 
 
 def workload(kind: str, annotations: dict[str, str] | None) -> dict[str, Any]:
     template = pod_template(annotations)
+    if kind in ("Job", "CronJob"):
+        template["spec"]["restartPolicy"] = "OnFailure"  # required by the API for a Job
     if kind == "Pod":
         return {
             "apiVersion": "v1",
@@ -87,7 +91,11 @@ def workload(kind: str, annotations: dict[str, str] | None) -> dict[str, Any]:
 def test_every_workload_kind_gets_the_sidecar_in_its_pod_template(kind: str) -> None:
     out, outcomes = inject_text(dump(workload(kind, INJECT)), SETTINGS, source="app.yaml")
     (document,) = documents(out)
-    assert containers_at(document, POD_TEMPLATE_PATHS[kind]) == ["app", "vllm", "semhealth"]
+    if kind in ("Job", "CronJob"):  # run to completion: a native sidecar
+        assert containers_at(document, POD_TEMPLATE_PATHS[kind]) == ["app", "vllm"]
+        assert containers_at(document, POD_TEMPLATE_PATHS[kind], "initContainers") == ["semhealth"]
+    else:
+        assert containers_at(document, POD_TEMPLATE_PATHS[kind]) == ["app", "vllm", "semhealth"]
     assert [(o.where, o.changed) for o in outcomes] == [(f"app.yaml#1 {kind}/chat", True)]
 
 

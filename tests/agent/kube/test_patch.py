@@ -155,6 +155,21 @@ def test_a_volume_name_the_pod_already_uses_is_not_taken() -> None:
         plan_injection(template, SETTINGS)
 
 
+@pytest.mark.parametrize("policy", ["Never", "OnFailure"])
+def test_a_pod_that_runs_to_completion_gets_a_native_sidecar(policy: str) -> None:
+    """A Job's Pod would never complete beside a container that serves forever."""
+    template = pod_template(INJECT)
+    template["spec"]["restartPolicy"] = policy
+    result = injected(template)
+    assert result["spec"]["containers"] == template["spec"]["containers"]
+    (sidecar,) = result["spec"]["initContainers"]
+    assert (sidecar["name"], sidecar["restartPolicy"]) == ("semhealth", "Always")
+    status = json.loads(result["metadata"]["annotations"]["semhealth.io/status"])
+    assert status["created"] == ["/spec/initContainers"]
+    assert uninject_template(result) == template
+    assert not plan_injection(result, SETTINGS).inject
+
+
 def test_a_template_without_containers_is_not_a_pod_template() -> None:
     assert not plan_injection({"metadata": {"annotations": INJECT}, "spec": {}}, SETTINGS).inject
 
@@ -197,6 +212,9 @@ def templates(draw: st.DrawFn) -> dict[str, Any]:
         spec["volumes"] = volumes  # [] included: it must come back as [], not vanish
     if draw(st.booleans()):
         spec["initContainers"] = draw(st.lists(CONTAINER, max_size=1))
+    policy = draw(st.sampled_from([None, "Always", "OnFailure", "Never"]))
+    if policy is not None:
+        spec["restartPolicy"] = policy
     template: dict[str, Any] = {"spec": spec}
     metadata = draw(st.none() | METADATA)
     if metadata is not None:

@@ -25,6 +25,7 @@ from semhealth.agent.kube.settings import (
     TAKEOVER_PORT,
     Options,
     Settings,
+    native_sidecar,
     read_options,
     wants_injection,
 )
@@ -83,7 +84,7 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
     if not isinstance(metadata, Mapping) or not isinstance(metadata.get("annotations"), Mapping):
         ops.append(Operation("add", "/metadata/annotations", {}))
         created.append("/metadata/annotations")
-    where = _sidecar_list(template["spec"])
+    where = _sidecar_list(template["spec"], _annotations(template))
     sidecar = container(options)
     if where == "initContainers":
         sidecar["restartPolicy"] = "Always"
@@ -111,12 +112,12 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
     return ops
 
 
-def _sidecar_list(spec: Mapping[str, Any]) -> str:
-    """Where the sidecar goes. A Pod that runs to completion (a Job's: restartPolicy Never or
-    OnFailure) would never complete beside a container that serves forever, so there it is a
-    native sidecar: an init container with restartPolicy Always (Kubernetes 1.29 and later),
-    started before the app and stopped by the kubelet once the app's containers exit."""
-    return "initContainers" if spec.get("restartPolicy") in ("Never", "OnFailure") else "containers"
+def _sidecar_list(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> str:
+    """``initContainers`` for a native sidecar (see ``settings.native_sidecar``), else
+    ``containers``."""
+    runs_to_completion = spec.get("restartPolicy") in ("Never", "OnFailure")
+    native = native_sidecar(annotations, runs_to_completion=runs_to_completion)
+    return "initContainers" if native else "containers"
 
 
 def _check_free(spec: Mapping[str, Any], options: Options, *, takeover: bool) -> None:

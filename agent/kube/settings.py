@@ -26,6 +26,7 @@ CPU_REQUEST = PREFIX + "cpu-request"
 CPU_LIMIT = PREFIX + "cpu-limit"
 MEMORY_REQUEST = PREFIX + "memory-request"
 MEMORY_LIMIT = PREFIX + "memory-limit"
+NATIVE_SIDECAR = PREFIX + "native-sidecar"
 # Written by injection: what it added, so --uninject removes exactly that (as Istio's
 # sidecar.istio.io/status does).
 STATUS = PREFIX + "status"
@@ -89,14 +90,32 @@ class Options:
     resources: Resources
 
 
+def native_sidecar(annotations: Mapping[str, str], *, runs_to_completion: bool) -> bool:
+    """Whether the sidecar is an init container with restartPolicy Always (Kubernetes 1.29+).
+
+    By default only in a Pod that runs to completion (a Job's), which would otherwise never
+    complete beside a container that serves forever. semhealth.io/native-sidecar: "true"
+    asks for it anywhere (the sidecar then starts before the app); "false" never, for a
+    cluster older than 1.29, where such an init container would never let the Pod start.
+    """
+    value = annotations.get(NATIVE_SIDECAR)
+    if value is None:
+        return runs_to_completion
+    return _boolean(NATIVE_SIDECAR, value)
+
+
 def wants_injection(annotations: Mapping[str, str], settings: Settings) -> bool:
     """True when the template asks for the sidecar, or ``inject_all`` and it does not refuse."""
     value = annotations.get(INJECT)
     if value is None:
         return settings.inject_all
+    return _boolean(INJECT, value)
+
+
+def _boolean(name: str, value: object) -> bool:
     lowered = str(value).strip().lower()
     if lowered not in ("true", "false"):
-        raise AnnotationError(f'{INJECT}: {value!r} is neither "true" nor "false"')
+        raise AnnotationError(f'{name}: {value!r} is neither "true" nor "false"')
     return lowered == "true"
 
 

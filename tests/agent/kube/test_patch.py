@@ -170,6 +170,32 @@ def test_a_pod_that_runs_to_completion_gets_a_native_sidecar(policy: str) -> Non
     assert not plan_injection(result, SETTINGS).inject
 
 
+@pytest.mark.parametrize(
+    ("policy", "annotation", "where"),
+    [
+        (None, "true", "initContainers"),  # asked for: starts before the app
+        ("Never", "false", "containers"),  # a cluster before 1.29
+        ("OnFailure", "FALSE", "containers"),
+    ],
+)
+def test_native_sidecar_annotation_chooses_where_the_sidecar_goes(
+    policy: str | None, annotation: str, where: str
+) -> None:
+    template = pod_template({**INJECT, "semhealth.io/native-sidecar": annotation})
+    if policy is not None:
+        template["spec"]["restartPolicy"] = policy
+    result = injected(template)
+    assert result["spec"][where][-1]["name"] == "semhealth"
+    assert ("restartPolicy" in result["spec"][where][-1]) is (where == "initContainers")
+    assert uninject_template(result) == template
+
+
+def test_native_sidecar_annotation_must_be_true_or_false() -> None:
+    template = pod_template({**INJECT, "semhealth.io/native-sidecar": "maybe"})
+    with pytest.raises(InjectionError, match=r"semhealth\.io/native-sidecar: 'maybe' is neither"):
+        plan_injection(template, SETTINGS)
+
+
 def test_a_template_without_containers_is_not_a_pod_template() -> None:
     assert not plan_injection({"metadata": {"annotations": INJECT}, "spec": {}}, SETTINGS).inject
 

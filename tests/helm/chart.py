@@ -69,7 +69,7 @@ _COMMON: dict[str, Any] = {
         },
         "objectSelector": {"matchLabels": {"semhealth.io/observe": "yes"}},
         "useScorer": False,
-        "extraArgs": ["--log-level", "debug"],
+        "injectAll": True,
         "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "192Mi"}},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra",
@@ -168,7 +168,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     }),  # fmt: skip
     "alerts-only-self-signed": _merged(_COMMON, {
         "prometheusRule": {"recordingRules": False},
-        "injector": {"podDisruptionBudget": {"enabled": False}, "service": {"type": "NodePort"}},
+        "injector": {"podDisruptionBudget": {"enabled": False}, "service": {"type": "NodePort"},
+                     "injectAll": False, "extraArgs": ["--all"]},
         "scorer": {"podDisruptionBudget": {"enabled": False}},
     }),  # fmt: skip
 }

@@ -15,7 +15,9 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from semhealth.agent.cli import build_parser
 from semhealth.agent.config import load_config, load_relevance
+from semhealth.agent.kube.sidecar import ADMIN_PORT_NAME, SCORER_ENCODERS
 from tests.helm import chart
 
 ALL_SETS = list(chart.VALUE_SETS)
@@ -124,8 +126,23 @@ def test_injector_options_reach_its_flags(manifests: dict[str, list[dict[str, An
     assert container["args"] == [
         "injector", "--listen", "0.0.0.0:9443", "--tls-cert", "/tls/tls.crt",
         "--tls-key", "/tls/tls.key", "--image", "registry.example/semhealth:0.1.1",
-        "--config-map", "semhealth-sidecar", "--log-level", "debug",
+        "--all", "--config-map", "semhealth-sidecar",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("value_set", ["defaults", *chart.OPTION_SETS])
+def test_injector_args_parse_with_the_semhealth_cli(
+    manifests: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    """The chart and `semhealth injector` agree on every flag (argparse exits on one it
+    does not know)."""
+    (deployment,) = [d for d in chart.by_kind(manifests[value_set], "Deployment")
+                     if d["metadata"]["name"].endswith("-injector")]  # fmt: skip
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["semhealth"]
+    args = build_parser().parse_args(container["args"])
+    assert (args.command, args.tls_cert, args.tls_key) == ("injector", "/tls/tls.crt", "/tls/tls.key")
+    assert args.image == container["image"]
 
 
 def test_webhook_follows_the_shared_interface(manifests: dict[str, list[dict[str, Any]]]) -> None:
@@ -236,8 +253,14 @@ def test_scorer_takes_a_gpu_and_is_health_checked_over_grpc(
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "semhealth/semhealth-scorer:0.1.0"
+    assert container["command"] == ["semhealth"]
     assert container["args"] == ["scorer", "--listen", "0.0.0.0:50051", "--config",
                                  "/etc/semhealth/semhealth.yaml"]  # fmt: skip
+    args = build_parser().parse_args(container["args"])
+    assert (args.command, args.listen) == ("scorer", "0.0.0.0:50051")
+    mount = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/etc/semhealth"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount]
+    assert volume["configMap"]["name"] == "obs-semhealth-scorer"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -285,8 +308,18 @@ def test_scorer_config_loads_as_the_scorer_reads_it(
     path = tmp_path / "semhealth.yaml"
     path.write_text(config_map["data"]["semhealth.yaml"])
     relevance = load_relevance(str(path), {})
-    (encoder,) = relevance.embeddings.encoders
-    assert (encoder.backend, encoder.local.device) == ("local", "cuda")
+    encoders = {encoder.name: encoder for encoder in relevance.embeddings.encoders}
+    assert (encoders["default"].backend, encoders["default"].local.device) == ("local", "cuda")
+
+
+def test_default_scorer_serves_every_encoder_injected_sidecars_ask_for(
+    manifests: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    config_map = chart.one(manifests["defaults"], "ConfigMap", "obs-semhealth-scorer")
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(config_map["data"]["semhealth.yaml"])
+    served = {encoder.name for encoder in load_relevance(str(path), {}).embeddings.encoders}
+    assert served == set(SCORER_ENCODERS)
 
 
 def test_dashboards_become_configmaps_for_grafanas_sidecar(
@@ -312,3 +345,12 @@ def test_notes_name_what_to_do_next(rendered: dict[str, dict[str, str]]) -> None
     defaults = rendered["defaults"]["semhealth/templates/NOTES.txt"]
     assert "kubectl label namespace <ns> semhealth.io/injection=enabled" in defaults
     assert f"obs-semhealth-scorer.{chart.NAMESPACE}.svc:50051" in defaults
+
+
+def test_pod_monitor_scrapes_the_admin_port_the_injector_adds(chart_dir: Path) -> None:
+    items = chart.objects(chart.render(chart_dir, {"podMonitor": {"enabled": True}}))
+    monitor = chart.one(items, "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == (ADMIN_PORT_NAME, "/metrics")
+    assert monitor["spec"]["selector"] == {"matchLabels": {"semhealth.io/injected": "true"}}
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}

@@ -25,7 +25,6 @@ from semhealth.agent.kube.settings import (
     TAKEOVER_PORT,
     Options,
     Settings,
-    native_sidecar,
     read_options,
     wants_injection,
 )
@@ -69,7 +68,8 @@ def plan_injection(template: Mapping[str, Any], settings: Settings) -> Plan:
         return Plan(False, "not asked for (semhealth.io/inject)")
     if CONTAINER in _container_names(spec):
         return Plan(False, f"already has a {CONTAINER} container")
-    options = read_options(annotations, settings)
+    runs_to_completion = spec.get("restartPolicy") in ("Never", "OnFailure")
+    options = read_options(annotations, settings, runs_to_completion=runs_to_completion)
     _check_free(spec, options, takeover=TAKEOVER_PORT in annotations)
     return Plan(True, "injected", tuple(_operations(template, options)))
 
@@ -84,9 +84,11 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
     if not isinstance(metadata, Mapping) or not isinstance(metadata.get("annotations"), Mapping):
         ops.append(Operation("add", "/metadata/annotations", {}))
         created.append("/metadata/annotations")
-    where = _sidecar_list(template["spec"], _annotations(template))
+    # A native sidecar is an init container the kubelet keeps running and stops after the
+    # app's containers exit: a Job's Pod then still completes.
+    where = "initContainers" if options.native else "containers"
     sidecar = container(options)
-    if where == "initContainers":
+    if options.native:
         sidecar["restartPolicy"] = "Always"
         if not isinstance(template["spec"].get(where), list):
             ops.append(Operation("add", f"/spec/{where}", []))
@@ -110,14 +112,6 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
         )
     )
     return ops
-
-
-def _sidecar_list(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> str:
-    """``initContainers`` for a native sidecar (see ``settings.native_sidecar``), else
-    ``containers``."""
-    runs_to_completion = spec.get("restartPolicy") in ("Never", "OnFailure")
-    native = native_sidecar(annotations, runs_to_completion=runs_to_completion)
-    return "initContainers" if native else "containers"
 
 
 def _check_free(spec: Mapping[str, Any], options: Options, *, takeover: bool) -> None:
@@ -213,7 +207,8 @@ def _declared_ports(spec: Mapping[str, Any]) -> dict[int, str]:
     """containerPort -> the container declaring it."""
     ports: dict[int, str] = {}
     for each in spec.get("containers") or []:
-        for port in each.get("ports") or [] if isinstance(each, Mapping) else []:
+        declared = each.get("ports") if isinstance(each, Mapping) else None
+        for port in declared or []:
             if isinstance(port, Mapping) and isinstance(port.get("containerPort"), int):
                 ports[port["containerPort"]] = str(each.get("name"))
     return ports

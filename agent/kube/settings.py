@@ -88,6 +88,7 @@ class Options:
     config_map: str
     scorer: str | None
     resources: Resources
+    native: bool  # an init container with restartPolicy Always (see native_sidecar)
 
 
 def native_sidecar(annotations: Mapping[str, str], *, runs_to_completion: bool) -> bool:
@@ -119,8 +120,11 @@ def _boolean(name: str, value: object) -> bool:
     return lowered == "true"
 
 
-def read_options(annotations: Mapping[str, str], settings: Settings) -> Options:
-    """The sidecar this template gets; raise ``AnnotationError`` for a value that cannot be used."""
+def read_options(
+    annotations: Mapping[str, str], settings: Settings, *, runs_to_completion: bool = False
+) -> Options:
+    """The sidecar this template gets; raise ``AnnotationError`` for a value that cannot be
+    used. ``runs_to_completion``: the Pod's restartPolicy is Never or OnFailure."""
     scorer = _scorer(annotations.get(SCORER, settings.scorer))
     upstream = _port(annotations, UPSTREAM_PORT, DEFAULT_UPSTREAM_PORT)
     proxy = _proxy_port(annotations, upstream)
@@ -142,6 +146,7 @@ def read_options(annotations: Mapping[str, str], settings: Settings) -> Options:
         config_map=config_map,
         scorer=scorer,
         resources=resources,
+        native=native_sidecar(annotations, runs_to_completion=runs_to_completion),
     )
 
 

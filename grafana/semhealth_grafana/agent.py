@@ -49,8 +49,8 @@ overloaded answers `RESOURCE_EXHAUSTED`, which the sidecars count as shed releva
 
 
 def _rate(metric: str, by: str = "", selector: str = NAMESPACE) -> str:
-    group = f" by ({by})" if by else ""
-    return f"sum{group} (rate({metric}{{{selector}}}[{RATE}]))"
+    group = f"sum by ({by}) " if by else "sum"
+    return f"{group}(rate({metric}{{{selector}}}[{RATE}]))"
 
 
 def build() -> dash.Dashboard:
@@ -92,6 +92,7 @@ def build() -> dash.Dashboard:
                 unit="ops",
                 thresholds=steps((None, GREEN)),
                 links=[runbook(relevance)],
+                colors={"scored": GREEN, "errors": RED},
             )
         )
         .with_panel(
@@ -104,6 +105,7 @@ def build() -> dash.Dashboard:
                 ],
                 unit="ops",
                 thresholds=steps((None, GREEN)),
+                colors={"hits": GREEN, "misses": ORANGE},
             )
         )
         .with_panel(

@@ -216,8 +216,10 @@ def series(
     min_value: float | None = None,
     max_value: float | None = None,
     stacked: bool = False,
+    colors: dict[str, str] | None = None,
 ) -> timeseries.Panel:
-    """A time series with the thresholds drawn as dashed lines."""
+    """A time series with the thresholds drawn as dashed lines; ``colors`` fixes the colour
+    of the series with that exact name (legend)."""
     panel = (
         timeseries.Panel()
         .title(title)
@@ -251,6 +253,15 @@ def series(
         panel = panel.max(max_value)
     if links:
         panel = panel.links(links)
+    for name, color in (colors or {}).items():
+        panel = panel.override_by_name(
+            name,
+            [
+                model.DynamicConfigValue(
+                    id_val="color", value={"mode": "fixed", "fixedColor": color}
+                )
+            ],
+        )
     return panel
 
 

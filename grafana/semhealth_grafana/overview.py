@@ -8,6 +8,7 @@ from semhealth_grafana.common import (
     ALERTS,
     GREEN,
     NAMESPACE,
+    ORANGE,
     RATE,
     RED,
     ROUTE,
@@ -30,17 +31,18 @@ UID = "semhealth-overview"
 
 
 def _quantile(q: float, metric: str, window: str, by: str = "route, model") -> str:
+    labels = f"le, {by}" if by else "le"
     return (
-        f"histogram_quantile({q}, sum by (le, {by}) "
+        f"histogram_quantile({q}, sum by ({labels}) "
         f"(rate({metric}_bucket{{{SEMANTIC}}}[{window}])))"
     )
 
 
 def _validity(window: str, by: str = "") -> str:
-    group = f" by ({by})" if by else ""
+    group = f"sum by ({by}) " if by else "sum"
     return (
-        f'sum{group} (rate(semantic_health_outputs_total{{{SEMANTIC}, result="valid"}}[{window}]))'
-        f"\n/\nsum{group} (rate(semantic_health_outputs_total{{{SEMANTIC}}}[{window}]))"
+        f'{group}(rate(semantic_health_outputs_total{{{SEMANTIC}, result="valid"}}[{window}]))'
+        f"\n/\n{group}(rate(semantic_health_outputs_total{{{SEMANTIC}}}[{window}]))"
     )
 
 
@@ -244,6 +246,7 @@ def build() -> dash.Dashboard:
                 unit="reqps",
                 thresholds=steps((None, GREEN)),
                 stacked=True,
+                colors={"2xx": GREEN, "4xx": ORANGE, "5xx": RED},
             )
         )
         .with_panel(

@@ -62,8 +62,8 @@ def build() -> dash.Dashboard:
         "Operation duration P95 by prompt class",
         "Whole operations against the LatencySLO budget of their prompt class: "
         + ", ".join(f"{name} {value * 1000:g} ms" for name, value in sorted(budgets.items()))
-        + ". The panel's line is the smallest budget; each class's series turns red past its "
-        "own.",
+        + ". Each class draws its own budget as a dashed line (the panel's default is the "
+        "smallest).",
         _quantiles("gen_ai_client_operation_duration_seconds", GEN_AI, latency.window, 0.95),
         unit="s",
         thresholds=above_is_bad(min(budgets.values())),

@@ -75,21 +75,35 @@ def recording_rules() -> dict[str, Any]:
         base = signal.prometheus
         if signal.kind == "distribution":
             bucket = f"{level}:{base}_bucket:rate{WINDOW}"
-            rules.append({"record": bucket, "expr": _by_route_model(
-                f"rate({base}_bucket[{WINDOW}])", renames, ("le",))})
+            rules.append(
+                {
+                    "record": bucket,
+                    "expr": _by_route_model(f"rate({base}_bucket[{WINDOW}])", renames, ("le",)),
+                }
+            )
             for part in ("sum", "count"):
-                rules.append({"record": f"{level}:{base}_{part}:rate{WINDOW}", "expr": (
-                    _by_route_model(f"rate({base}_{part}[{WINDOW}])", renames))})
+                rules.append(
+                    {
+                        "record": f"{level}:{base}_{part}:rate{WINDOW}",
+                        "expr": (_by_route_model(f"rate({base}_{part}[{WINDOW}])", renames)),
+                    }
+                )
             for q in QUANTILES:
-                rules.append({
-                    "record": f"{level}:{base}:p{round(q * 100)}_{WINDOW}",
-                    "expr": f"histogram_quantile({q}, {bucket})",
-                })
+                rules.append(
+                    {
+                        "record": f"{level}:{base}:p{round(q * 100)}_{WINDOW}",
+                        "expr": f"histogram_quantile({q}, {bucket})",
+                    }
+                )
         else:
             (good,) = signal.good
             name = base.removesuffix("_total")
-            rules.append({"record": f"{level}_{good}:{name}:rate{WINDOW}", "expr": (
-                _by_route_model(f"rate({base}[{WINDOW}])", renames, (good,)))})
+            rules.append(
+                {
+                    "record": f"{level}_{good}:{name}:rate{WINDOW}",
+                    "expr": (_by_route_model(f"rate({base}[{WINDOW}])", renames, (good,))),
+                }
+            )
     demand = " + ".join(
         f"(sum(rate({series}[2m])) or vector(0))"
         for series in (

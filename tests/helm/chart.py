@@ -64,20 +64,37 @@ _COMMON: dict[str, Any] = {
         # A map in values merges with the default one: null removes the default's matchLabels.
         "namespaceSelector": {
             "matchLabels": None,
-            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
-                                  "values": ["apps", "staging"]}]  # fmt: skip
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "In",
+                    "values": ["apps", "staging"],
+                }
+            ],
         },
         "objectSelector": {"matchLabels": {"semhealth.io/observe": "yes"}},
         "useScorer": False,
         "injectAll": True,
         "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "192Mi"}},
         "nodeSelector": {"kubernetes.io/os": "linux"},
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra",
-                         "effect": "NoSchedule"}],  # fmt: skip
-        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-             "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "injector"}}}}
-        ]}},  # fmt: skip
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}
+        ],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {
+                                "matchLabels": {"app.kubernetes.io/component": "injector"}
+                            },
+                        },
+                    }
+                ]
+            }
+        },
         "podAnnotations": {"example.com/owner": "platform"},
         "podLabels": {"tier": "control"},
         "priorityClassName": "system-cluster-critical",
@@ -87,20 +104,48 @@ _COMMON: dict[str, Any] = {
     },
     "selfSignedCertificate": {"validityDays": 365},
     "scorer": {
-        "image": {"repository": "registry.example/semhealth-scorer", "tag": "0.1.1",
-                  "pullPolicy": "Always"},  # fmt: skip
+        "image": {
+            "repository": "registry.example/semhealth-scorer",
+            "tag": "0.1.1",
+            "pullPolicy": "Always",
+        },
         "replicaCount": 2,
         "port": 50052,
-        "config": {"relevance": {"route_cjk_to": "default", "encoders": [
-            {"name": "default", "backend": "local",
-             "local": {"model": "all-MiniLM-L6-v2", "device": "cuda", "fp16": False}}]}},
-        "resources": {"requests": {"cpu": "2", "memory": "3Gi", "nvidia.com/gpu": 1},
-                      "limits": {"memory": "6Gi", "nvidia.com/gpu": 1}},  # fmt: skip
+        "config": {
+            "relevance": {
+                "route_cjk_to": "default",
+                "encoders": [
+                    {
+                        "name": "default",
+                        "backend": "local",
+                        "local": {"model": "all-MiniLM-L6-v2", "device": "cuda", "fp16": False},
+                    }
+                ],
+            }
+        },
+        "resources": {
+            "requests": {"cpu": "2", "memory": "3Gi", "nvidia.com/gpu": 1},
+            "limits": {"memory": "6Gi", "nvidia.com/gpu": 1},
+        },
         "nodeSelector": {"nvidia.com/gpu.present": "true"},
         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoExecute"}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]}]}}},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "nvidia.com/gpu.product",
+                                    "operator": "In",
+                                    "values": ["NVIDIA-L4"],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
         "runtimeClassName": "nvidia",
         "podAnnotations": {"example.com/owner": "ml"},
         "podLabels": {"tier": "gpu"},
@@ -126,20 +171,41 @@ _COMMON: dict[str, Any] = {
         "scrapeTimeout": "5s",
         "labels": {"release": "kube-prometheus-stack"},
     },
-    "serviceMonitor": {"enabled": True, "interval": "20s", "scrapeTimeout": "5s",
-                       "labels": {"release": "kube-prometheus-stack"}},  # fmt: skip
-    "prometheusRule": {"enabled": True, "alerts": True, "recordingRules": True,
-                       "interval": "1m", "labels": {"release": "kube-prometheus-stack"}},  # fmt: skip
+    "serviceMonitor": {
+        "enabled": True,
+        "interval": "20s",
+        "scrapeTimeout": "5s",
+        "labels": {"release": "kube-prometheus-stack"},
+    },
+    "prometheusRule": {
+        "enabled": True,
+        "alerts": True,
+        "recordingRules": True,
+        "interval": "1m",
+        "labels": {"release": "kube-prometheus-stack"},
+    },
     "rulesConfigMap": {"enabled": True},
-    "dashboards": {"enabled": True, "namespace": "monitoring",
-                   "labels": {"grafana_dashboard": "1", "team": "ml-platform"},
-                   "annotations": {"grafana_folder": "semhealth"}},  # fmt: skip
-    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                           "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},  # fmt: skip
-    "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "runAsNonRoot": True, "privileged": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "seccompProfile": {"type": "RuntimeDefault"}},  # fmt: skip
+    "dashboards": {
+        "enabled": True,
+        "namespace": "monitoring",
+        "labels": {"grafana_dashboard": "1", "team": "ml-platform"},
+        "annotations": {"grafana_folder": "semhealth"},
+    },
+    "podSecurityContext": {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    "securityContext": {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
     "serviceAccount": {"create": True, "annotations": {"example.com/role": "semhealth"}},
 }
 
@@ -155,23 +221,53 @@ def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 OPTION_SETS: dict[str, dict[str, Any]] = {
-    "cert-manager-own-issuer": _merged(_COMMON, {
-        "fullnameOverride": "semhealth",
-        "certManager": {"enabled": True, "duration": "2160h", "renewBefore": "360h"},
-    }),  # fmt: skip
-    "cert-manager-cluster-issuer": _merged(_COMMON, {
-        "certManager": {"enabled": True, "issuerRef": {
-            "name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}},
-        "prometheusRule": {"alerts": False},
-        "scorer": {"autoscaling": {"metrics": [{"type": "Resource", "resource": {
-            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}},
-    }),  # fmt: skip
-    "alerts-only-self-signed": _merged(_COMMON, {
-        "prometheusRule": {"recordingRules": False},
-        "injector": {"podDisruptionBudget": {"enabled": False}, "service": {"type": "NodePort"},
-                     "injectAll": False, "extraArgs": ["--all"]},
-        "scorer": {"podDisruptionBudget": {"enabled": False}},
-    }),  # fmt: skip
+    "cert-manager-own-issuer": _merged(
+        _COMMON,
+        {
+            "fullnameOverride": "semhealth",
+            "certManager": {"enabled": True, "duration": "2160h", "renewBefore": "360h"},
+        },
+    ),
+    "cert-manager-cluster-issuer": _merged(
+        _COMMON,
+        {
+            "certManager": {
+                "enabled": True,
+                "issuerRef": {
+                    "name": "internal-ca",
+                    "kind": "ClusterIssuer",
+                    "group": "cert-manager.io",
+                },
+            },
+            "prometheusRule": {"alerts": False},
+            "scorer": {
+                "autoscaling": {
+                    "metrics": [
+                        {
+                            "type": "Resource",
+                            "resource": {
+                                "name": "cpu",
+                                "target": {"type": "Utilization", "averageUtilization": 70},
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    ),
+    "alerts-only-self-signed": _merged(
+        _COMMON,
+        {
+            "prometheusRule": {"recordingRules": False},
+            "injector": {
+                "podDisruptionBudget": {"enabled": False},
+                "service": {"type": "NodePort"},
+                "injectAll": False,
+                "extraArgs": ["--all"],
+            },
+            "scorer": {"podDisruptionBudget": {"enabled": False}},
+        },
+    ),
 }
 
 VALUE_SETS: dict[str, dict[str, Any]] = {"defaults": {}, "disabled": DISABLED, **OPTION_SETS}
@@ -197,9 +293,7 @@ def load(path: Path) -> helm.Chart:
 
 def render(path: Path, values: Mapping[str, Any]) -> dict[str, str]:
     """Template path -> rendered text, as `helm install` would render it (offline)."""
-    return load(path).render(
-        dict(values), name=RELEASE, namespace=NAMESPACE, is_install=True
-    )
+    return load(path).render(dict(values), name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
 def objects(rendered: Mapping[str, str]) -> list[dict[str, Any]]:

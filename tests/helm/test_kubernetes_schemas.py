@@ -6,20 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 
 from tests.helm import chart
 
-MODELS = {
+MODELS: dict[str, Any] = {
     "ServiceMonitor": monitoring.ServiceMonitor,
     "PodMonitor": monitoring.PodMonitor,
     "PrometheusRule": monitoring.PrometheusRule,
 }
 
 
-def _kubernetes_objects(manifests: dict[str, list[dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+def _kubernetes_objects(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> list[tuple[str, dict[str, Any]]]:
     skip = chart.PROMETHEUS_OPERATOR_KINDS | chart.CERT_MANAGER_KINDS
     return [(name, o) for name, items in manifests.items() for o in items if o["kind"] not in skip]
 
@@ -35,9 +37,16 @@ def test_every_kubernetes_object_validates_strictly(
 ) -> None:
     objects = _kubernetes_objects(manifests)
     kinds = {o["kind"] for _, o in objects}
-    assert kinds >= {"ConfigMap", "Deployment", "Service", "ServiceAccount", "Secret",
-                     "PodDisruptionBudget", "HorizontalPodAutoscaler",
-                     "MutatingWebhookConfiguration"}  # fmt: skip
+    assert kinds >= {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "Secret",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "MutatingWebhookConfiguration",
+    }
     failures = []
     for value_set, item in objects:
         try:
@@ -47,7 +56,9 @@ def test_every_kubernetes_object_validates_strictly(
     assert failures == []
 
 
-def test_strict_validation_catches_an_unknown_field(manifests: dict[str, list[dict[str, Any]]]) -> None:
+def test_strict_validation_catches_an_unknown_field(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
     """The check above can fail: a misspelt field is an error in strict mode."""
     deployment = chart.one(manifests["defaults"], "Deployment", "obs-semhealth-scorer")
     broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
@@ -70,13 +81,19 @@ def _dropped(given: Any, kept: Any, where: str) -> list[str]:
             problem
             for key, value in given.items()
             for problem in (
-                [f"{where}.{key}"] if key not in kept else _dropped(value, kept[key], f"{where}.{key}")
+                [f"{where}.{key}"]
+                if key not in kept
+                else _dropped(value, kept[key], f"{where}.{key}")
             )
         ]
     if isinstance(given, list):
         if not isinstance(kept, list) or len(given) != len(kept):
             return [where]
-        return [p for i, (a, b) in enumerate(zip(given, kept)) for p in _dropped(a, b, f"{where}[{i}]")]
+        return [
+            p
+            for i, (a, b) in enumerate(zip(given, kept, strict=True))
+            for p in _dropped(a, b, f"{where}[{i}]")
+        ]
     return []
 
 
@@ -94,7 +111,9 @@ def test_prometheus_operator_objects_validate_against_the_models(
     assert problems == []
 
 
-def test_the_model_check_catches_an_unknown_field(manifests: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_model_check_catches_an_unknown_field(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
     monitor = chart.one(manifests["cert-manager-own-issuer"], "PodMonitor")
     endpoint = {**monitor["spec"]["podMetricsEndpoints"][0], "scrapeEvery": "15s"}
     broken = {**monitor, "spec": {**monitor["spec"], "podMetricsEndpoints": [endpoint]}}

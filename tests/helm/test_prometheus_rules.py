@@ -19,12 +19,17 @@ from tests.servers import require_binary
 
 ALERT_TESTS = sorted((chart.ROOT / "tests" / "alerts" / "promtool").glob("*.yaml"))
 RECORDING_TESTS = sorted((Path(__file__).parent / "promtool").glob("*.yaml"))
-RULE_SETS = [name for name, values in chart.VALUE_SETS.items()
-             if values.get("prometheusRule", {}).get("enabled")]  # fmt: skip
+RULE_SETS = [
+    name
+    for name, values in chart.VALUE_SETS.items()
+    if values.get("prometheusRule", {}).get("enabled")
+]
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("helm_generate", chart.ROOT / "helm" / "generate.py")
+    spec = importlib.util.spec_from_file_location(
+        "helm_generate", chart.ROOT / "helm" / "generate.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -41,13 +46,18 @@ def test_generated_files_are_current() -> None:
 def test_alerts_file_is_what_the_cli_exports() -> None:
     exported = subprocess.run(
         ["semhealth", "rules", "export", "--format", "prometheus"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     assert (chart.CHART_DIR / "files" / "prometheus-rules.yaml").read_text() == exported
 
 
 def _groups(manifests: dict[str, list[dict[str, Any]]], value_set: str) -> list[dict[str, Any]]:
-    groups: list[dict[str, Any]] = chart.one(manifests[value_set], "PrometheusRule")["spec"]["groups"]
+    groups: list[dict[str, Any]] = chart.one(manifests[value_set], "PrometheusRule")["spec"][
+        "groups"
+    ]
     return groups
 
 
@@ -64,7 +74,9 @@ def test_rule_groups_hold_the_alerts_and_the_recording_rules(
     full = _groups(manifests, "cert-manager-own-issuer")
     assert full[0] == exported["groups"][0]  # the alerts, annotations' {{ $labels }} intact
     assert full[1] == {**recording["groups"][0], "interval": "1m"}
-    assert [g["name"] for g in _groups(manifests, "cert-manager-cluster-issuer")] == ["semhealth-recording"]
+    assert [g["name"] for g in _groups(manifests, "cert-manager-cluster-issuer")] == [
+        "semhealth-recording"
+    ]
     assert [g["name"] for g in _groups(manifests, "alerts-only-self-signed")] == ["semhealth"]
 
 
@@ -97,7 +109,9 @@ def test_promtool_unit_tests_pass_on_the_charts_rules(
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_recording_rule_test_can_fail(manifests: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+def test_recording_rule_test_can_fail(
+    manifests: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     """promtool really compares: a wrong expected value fails the recording rules' test."""
     (tmp_path / "rules.yaml").write_text(
         yaml.safe_dump({"groups": _groups(manifests, "cert-manager-own-issuer")})

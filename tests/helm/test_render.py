@@ -30,9 +30,12 @@ ALL_SETS = list(chart.VALUE_SETS)
 @pytest.mark.parametrize("value_set", ALL_SETS)
 def test_helm_lint_reports_nothing(chart_dir: Path, value_set: str, kube_version: str) -> None:
     report = helm.lint(
-        chart_dir, chart.VALUE_SETS[value_set], strict=True, namespace=chart.NAMESPACE,
+        chart_dir,
+        chart.VALUE_SETS[value_set],
+        strict=True,
+        namespace=chart.NAMESPACE,
         kube_version=f"v{kube_version}.0",
-    )  # fmt: skip
+    )
     assert report["messages"] == [] and report["errors"] == []
 
 
@@ -46,11 +49,14 @@ def test_every_option_in_values_yaml_is_changed_by_some_value_set() -> None:
     set, so every documented option is rendered and validated at least once."""
     defaults = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())
     # The agent's configurations are checked against the agent's own schema and loader.
-    leaves = [p for p in chart.leaf_paths(defaults) if p[0] != "config" and p[:2] != ("scorer", "config")]
+    leaves = [
+        p for p in chart.leaf_paths(defaults) if p[0] != "config" and p[:2] != ("scorer", "config")
+    ]
 
     def changed(path: tuple[str, ...]) -> bool:
         return any(
-            chart.get_path(values, path[:n]) not in (chart._MISSING, chart.get_path(defaults, path[:n]))
+            chart.get_path(values, path[:n])
+            not in (chart._MISSING, chart.get_path(defaults, path[:n]))
             for values in chart.VALUE_SETS.values()
             for n in range(1, len(path) + 1)
         )
@@ -65,11 +71,14 @@ def test_every_option_in_values_yaml_is_changed_by_some_value_set() -> None:
         ({"injector": {"replicas": 2}}, "'replicas' not allowed"),
         ({"config": {"listen": {"admin": "localhost"}}}, "/config/listen/admin"),
         ({"config": {"upstream": {"ulr": "http://x"}}}, "'ulr' not allowed"),
-        ({"scorer": {"config": {"relevance": {"sample_rate": 2}}}}, "/scorer/config/relevance/sample_rate"),
+        (
+            {"scorer": {"config": {"relevance": {"sample_rate": 2}}}},
+            "/scorer/config/relevance/sample_rate",
+        ),
         ({"podMonitor": {"interval": "30 seconds"}}, "/podMonitor/interval"),
         ({"sidecarConfig": {"namespaces": ["Apps"]}}, "/sidecarConfig/namespaces/0"),
     ],
-)  # fmt: skip
+)
 def test_the_schema_names_the_bad_key(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
         chart.load(chart.CHART_DIR).validate_schema(values)
@@ -106,28 +115,52 @@ def test_every_part_switches_off(manifests: dict[str, list[dict[str, Any]]]) -> 
     assert manifests["disabled"] == []
 
 
-def test_injector_runs_the_shared_interface_command(manifests: dict[str, list[dict[str, Any]]]) -> None:
+def test_injector_runs_the_shared_interface_command(
+    manifests: dict[str, list[dict[str, Any]]],
+) -> None:
     deployment = chart.one(manifests["defaults"], "Deployment", "obs-semhealth-injector")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "semhealth/semhealth:0.1.0"
     assert container["args"] == [
-        "injector", "--listen", "0.0.0.0:8443", "--tls-cert", "/tls/tls.crt",
-        "--tls-key", "/tls/tls.key", "--image", "semhealth/semhealth:0.1.0",
-        "--config-map", "semhealth-config",
-        "--scorer", f"obs-semhealth-scorer.{chart.NAMESPACE}.svc:50051",
-    ]  # fmt: skip
+        "injector",
+        "--listen",
+        "0.0.0.0:8443",
+        "--tls-cert",
+        "/tls/tls.crt",
+        "--tls-key",
+        "/tls/tls.key",
+        "--image",
+        "semhealth/semhealth:0.1.0",
+        "--config-map",
+        "semhealth-config",
+        "--scorer",
+        f"obs-semhealth-scorer.{chart.NAMESPACE}.svc:50051",
+    ]
     for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+        assert container[probe]["httpGet"] == {
+            "path": "/healthz",
+            "port": "https",
+            "scheme": "HTTPS",
+        }
 
 
 def test_injector_options_reach_its_flags(manifests: dict[str, list[dict[str, Any]]]) -> None:
     deployment = chart.one(manifests["cert-manager-own-issuer"], "Deployment", "semhealth-injector")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["args"] == [
-        "injector", "--listen", "0.0.0.0:9443", "--tls-cert", "/tls/tls.crt",
-        "--tls-key", "/tls/tls.key", "--image", "registry.example/semhealth:0.1.1",
-        "--all", "--config-map", "semhealth-sidecar",
-    ]  # fmt: skip
+        "injector",
+        "--listen",
+        "0.0.0.0:9443",
+        "--tls-cert",
+        "/tls/tls.crt",
+        "--tls-key",
+        "/tls/tls.key",
+        "--image",
+        "registry.example/semhealth:0.1.1",
+        "--all",
+        "--config-map",
+        "semhealth-sidecar",
+    ]
 
 
 @pytest.mark.parametrize("value_set", ["defaults", *chart.OPTION_SETS])
@@ -136,12 +169,19 @@ def test_injector_args_parse_with_the_semhealth_cli(
 ) -> None:
     """The chart and `semhealth injector` agree on every flag (argparse exits on one it
     does not know)."""
-    (deployment,) = [d for d in chart.by_kind(manifests[value_set], "Deployment")
-                     if d["metadata"]["name"].endswith("-injector")]  # fmt: skip
+    (deployment,) = [
+        d
+        for d in chart.by_kind(manifests[value_set], "Deployment")
+        if d["metadata"]["name"].endswith("-injector")
+    ]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["semhealth"]
     args = build_parser().parse_args(container["args"])
-    assert (args.command, args.tls_cert, args.tls_key) == ("injector", "/tls/tls.crt", "/tls/tls.key")
+    assert (args.command, args.tls_cert, args.tls_key) == (
+        "injector",
+        "/tls/tls.crt",
+        "/tls/tls.key",
+    )
     assert args.image == container["image"]
 
 
@@ -152,21 +192,36 @@ def test_webhook_follows_the_shared_interface(manifests: dict[str, list[dict[str
     assert webhook["sideEffects"] == "None"
     assert webhook["failurePolicy"] == "Ignore"
     assert webhook["timeoutSeconds"] <= 10
-    assert webhook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                                 "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
+    assert webhook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     assert webhook["namespaceSelector"] == {"matchLabels": {"semhealth.io/injection": "enabled"}}
     assert webhook["clientConfig"]["service"] == {
-        "name": "obs-semhealth-injector", "namespace": chart.NAMESPACE, "path": "/mutate", "port": 443,
-    }  # fmt: skip
+        "name": "obs-semhealth-injector",
+        "namespace": chart.NAMESPACE,
+        "path": "/mutate",
+        "port": 443,
+    }
 
 
 def test_webhook_options_replace_the_defaults(manifests: dict[str, list[dict[str, Any]]]) -> None:
-    (webhook,) = chart.one(manifests["cert-manager-own-issuer"], "MutatingWebhookConfiguration")["webhooks"]
+    (webhook,) = chart.one(manifests["cert-manager-own-issuer"], "MutatingWebhookConfiguration")[
+        "webhooks"
+    ]
     assert webhook["failurePolicy"] == "Fail"
     assert webhook["timeoutSeconds"] == 3
     # The default's matchLabels is gone (set to null), so only the user's selector applies.
-    assert webhook["namespaceSelector"] == {"matchExpressions": [
-        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apps", "staging"]}]}
+    assert webhook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apps", "staging"]}
+        ]
+    }
     assert webhook["objectSelector"] == {"matchLabels": {"semhealth.io/observe": "yes"}}
     assert webhook["clientConfig"]["service"]["port"] == 8443
 
@@ -188,7 +243,9 @@ def test_self_signed_certificate_serves_the_service_and_chains_to_the_webhook_ca
     cert = x509.load_pem_x509_certificate(_pem(secret["data"]["tls.crt"]))
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert f"obs-semhealth-injector.{chart.NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
+    assert f"obs-semhealth-injector.{chart.NAMESPACE}.svc" in names.get_values_for_type(
+        x509.DNSName
+    )
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in usages
     assert b"PRIVATE KEY" in _pem(secret["data"]["tls.key"])
@@ -203,8 +260,11 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(
     assert issuer["spec"] == {"selfSigned": {}}
     certificate = chart.one(items, "Certificate", "semhealth-injector")
     assert certificate["spec"]["secretName"] == "semhealth-injector-tls"
-    assert certificate["spec"]["issuerRef"] == {"name": "semhealth-injector", "kind": "Issuer",
-                                                "group": "cert-manager.io"}  # fmt: skip
+    assert certificate["spec"]["issuerRef"] == {
+        "name": "semhealth-injector",
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
     assert f"semhealth-injector.{chart.NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
     config = chart.one(items, "MutatingWebhookConfiguration")
     assert config["metadata"]["annotations"] == {
@@ -215,8 +275,11 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(
     items = manifests["cert-manager-cluster-issuer"]
     assert chart.by_kind(items, "Issuer") == []
     certificate = chart.one(items, "Certificate")
-    assert certificate["spec"]["issuerRef"] == {"name": "internal-ca", "kind": "ClusterIssuer",
-                                                "group": "cert-manager.io"}  # fmt: skip
+    assert certificate["spec"]["issuerRef"] == {
+        "name": "internal-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
 
 
 def _containers(items: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -254,15 +317,22 @@ def test_scorer_takes_a_gpu_and_is_health_checked_over_grpc(
     (container,) = pod["containers"]
     assert container["image"] == "semhealth/semhealth-scorer:0.1.0"
     assert container["command"] == ["semhealth"]
-    assert container["args"] == ["scorer", "--listen", "0.0.0.0:50051", "--config",
-                                 "/etc/semhealth/semhealth.yaml"]  # fmt: skip
+    assert container["args"] == [
+        "scorer",
+        "--listen",
+        "0.0.0.0:50051",
+        "--config",
+        "/etc/semhealth/semhealth.yaml",
+    ]
     args = build_parser().parse_args(container["args"])
     assert (args.command, args.listen) == ("scorer", "0.0.0.0:50051")
     mount = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/etc/semhealth"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount]
     assert volume["configMap"]["name"] == "obs-semhealth-scorer"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": 50051}
 
@@ -270,11 +340,20 @@ def test_scorer_takes_a_gpu_and_is_health_checked_over_grpc(
 def test_scorer_autoscales_on_the_fleets_demand(manifests: dict[str, list[dict[str, Any]]]) -> None:
     items = manifests["cert-manager-own-issuer"]
     hpa = chart.one(items, "HorizontalPodAutoscaler")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": "semhealth-scorer"}  # fmt: skip
-    assert hpa["spec"]["metrics"] == [{"type": "External", "external": {
-        "metric": {"name": "semhealth_demand"},
-        "target": {"type": "AverageValue", "averageValue": "150"}}}]  # fmt: skip
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "semhealth-scorer",
+    }
+    assert hpa["spec"]["metrics"] == [
+        {
+            "type": "External",
+            "external": {
+                "metric": {"name": "semhealth_demand"},
+                "target": {"type": "AverageValue", "averageValue": "150"},
+            },
+        }
+    ]
     # An autoscaled Deployment leaves replicas to the HPA.
     assert "replicas" not in chart.one(items, "Deployment", "semhealth-scorer")["spec"]
     own = chart.one(manifests["cert-manager-cluster-issuer"], "HorizontalPodAutoscaler")
@@ -288,7 +367,11 @@ def test_sidecar_config_is_in_every_listed_namespace_and_loads_in_the_agent(
         ("defaults", [chart.NAMESPACE], "semhealth-config"),
         ("cert-manager-own-issuer", ["apps", "staging"], "semhealth-sidecar"),
     ]:
-        maps = [o for o in chart.by_kind(manifests[value_set], "ConfigMap") if o["metadata"]["name"] == name]
+        maps = [
+            o
+            for o in chart.by_kind(manifests[value_set], "ConfigMap")
+            if o["metadata"]["name"] == name
+        ]
         assert sorted(m["metadata"]["namespace"] for m in maps) == namespaces
         for config_map in maps:
             path = tmp_path / "semhealth.yaml"
@@ -303,8 +386,11 @@ def test_sidecar_config_is_in_every_listed_namespace_and_loads_in_the_agent(
 def test_scorer_config_loads_as_the_scorer_reads_it(
     manifests: dict[str, list[dict[str, Any]]], value_set: str, tmp_path: Path
 ) -> None:
-    (config_map,) = [o for o in chart.by_kind(manifests[value_set], "ConfigMap")
-                     if o["metadata"]["name"].endswith("-scorer")]  # fmt: skip
+    (config_map,) = [
+        o
+        for o in chart.by_kind(manifests[value_set], "ConfigMap")
+        if o["metadata"]["name"].endswith("-scorer")
+    ]
     path = tmp_path / "semhealth.yaml"
     path.write_text(config_map["data"]["semhealth.yaml"])
     relevance = load_relevance(str(path), {})
@@ -326,8 +412,12 @@ def test_dashboards_become_configmaps_for_grafanas_sidecar(
     manifests: dict[str, list[dict[str, Any]]], chart_dir: Path
 ) -> None:
     files = sorted(p.name for p in (chart_dir / "dashboards").glob("*.json"))
-    maps = [o for o in manifests["cert-manager-own-issuer"]
-            if o["kind"] == "ConfigMap" and "dashboards" == o["metadata"]["labels"].get("app.kubernetes.io/component")]  # fmt: skip
+    maps = [
+        o
+        for o in manifests["cert-manager-own-issuer"]
+        if o["kind"] == "ConfigMap"
+        and o["metadata"]["labels"].get("app.kubernetes.io/component") == "dashboards"
+    ]
     assert sorted(name for m in maps for name in m["data"]) == files
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -339,7 +429,7 @@ def test_dashboards_become_configmaps_for_grafanas_sidecar(
 
 def test_notes_name_what_to_do_next(rendered: dict[str, dict[str, str]]) -> None:
     notes = rendered["cert-manager-own-issuer"]["semhealth/templates/NOTES.txt"]
-    assert "semhealth.io/inject: \"true\"" in notes
+    assert 'semhealth.io/inject: "true"' in notes
     assert "kubectl label namespace" not in notes or "matchExpressions" not in notes
     assert "semhealth:relevance_demand:rate2m" in notes
     defaults = rendered["defaults"]["semhealth/templates/NOTES.txt"]

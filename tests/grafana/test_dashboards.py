@@ -183,3 +183,28 @@ def test_json_reads_back_through_the_sdk_dashboard_model_unchanged(name: str) ->
     board = model.Dashboard.from_json(json.loads(text))
     assert json.dumps(board, cls=JSONEncoder, indent=2, sort_keys=True) + "\n" == text
     assert board.schema_version is not None and board.schema_version >= 36
+
+
+# The panel each README runbook links to (/d/<uid>?viewPanel=<id>): a layout change that moves
+# one fails here, so the README's links are changed with it.
+RUNBOOK_PANELS = {
+    "ContextRelevanceLow": ("semhealth-overview", 8),
+    "RelevanceRegression": ("semhealth-overview", 8),
+    "OutputValidityLow": ("semhealth-overview", 7),
+    "StreamChoppy": ("semhealth-streams", 7),
+    "LatencySLO": ("semhealth-streams", 3),
+    "SlowFirstToken": ("semhealth-streams", 2),
+}
+
+
+@pytest.mark.parametrize(("rule", "place"), RUNBOOK_PANELS.items())
+def test_the_panel_a_runbook_links_to_shows_that_alert(rule: str, place: tuple[str, int]) -> None:
+    uid, panel_id = place
+    board = BOARDS[f"{uid}.json"]
+    assert board["uid"] == uid
+    panel = next(panel for panel in board["panels"] if panel["id"] == panel_id)
+    assert RULES[rule].annotations["runbook_url"] in runbooks(panel)
+
+
+def test_every_default_alert_has_a_runbook_panel() -> None:
+    assert set(RUNBOOK_PANELS) == set(RULES)

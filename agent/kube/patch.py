@@ -64,6 +64,9 @@ def plan_injection(template: Mapping[str, Any], settings: Settings) -> Plan:
     spec = template.get("spec")
     if not isinstance(spec, Mapping) or not isinstance(spec.get("containers"), list):
         return Plan(False, "no Pod spec with containers")
+    problem = _shape_problem(spec)
+    if problem is not None:  # the API server refuses it anyway; not ours to repair
+        return Plan(False, problem)
     if not wants_injection(annotations, settings):
         return Plan(False, "not asked for (semhealth.io/inject)")
     if CONTAINER in _container_names(spec):
@@ -112,6 +115,22 @@ def _operations(template: Mapping[str, Any], options: Options) -> list[Operation
         )
     )
     return ops
+
+
+def _shape_problem(spec: Mapping[str, Any]) -> str | None:
+    """What makes ``spec`` not a Pod spec in the lists injection reads, or None."""
+    for key in ("containers", "initContainers", "volumes"):
+        items = spec.get(key)
+        if items is not None and not _list_of_objects(items):
+            return f"spec.{key} is not a list of objects"
+    for each in [*spec["containers"], *(spec.get("initContainers") or [])]:
+        if each.get("ports") is not None and not _list_of_objects(each["ports"]):
+            return "a container's ports are not a list of objects"
+    return None
+
+
+def _list_of_objects(items: Any) -> bool:
+    return isinstance(items, list) and all(isinstance(item, Mapping) for item in items)
 
 
 def _check_free(spec: Mapping[str, Any], options: Options, *, takeover: bool) -> None:
@@ -195,21 +214,20 @@ def _annotations(template: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _container_names(spec: Mapping[str, Any]) -> set[str]:
-    every = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
-    return {str(c.get("name")) for c in every if isinstance(c, Mapping)}
+    every = [*spec["containers"], *(spec.get("initContainers") or [])]
+    return {str(c.get("name")) for c in every}
 
 
 def _volume_names(spec: Mapping[str, Any]) -> set[str]:
-    return {str(v.get("name")) for v in spec.get("volumes") or [] if isinstance(v, Mapping)}
+    return {str(v.get("name")) for v in spec.get("volumes") or []}
 
 
 def _declared_ports(spec: Mapping[str, Any]) -> dict[int, str]:
     """containerPort -> the container declaring it."""
     ports: dict[int, str] = {}
-    for each in spec.get("containers") or []:
-        declared = each.get("ports") if isinstance(each, Mapping) else None
-        for port in declared or []:
-            if isinstance(port, Mapping) and isinstance(port.get("containerPort"), int):
+    for each in spec["containers"]:
+        for port in each.get("ports") or []:
+            if isinstance(port.get("containerPort"), int):
                 ports[port["containerPort"]] = str(each.get("name"))
     return ports
 

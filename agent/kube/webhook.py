@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,16 +42,35 @@ class Review:
 
 
 def review(body: bytes, settings: Settings) -> Review:
-    """Answer one AdmissionReview v1 request body; never raises."""
+    """Answer one AdmissionReview v1 request body; never raises, always allows."""
     try:
         request = _request(json.loads(body))
     except (ValueError, TypeError) as exc:
         message = f"semhealth injector: not an AdmissionReview v1 request: {exc}"
         return Review(_response("", warning=message), "?", "malformed, allowed unchanged")
     uid = request["uid"]
+    try:
+        return _review_request(request, uid, settings)
+    except Exception as exc:  # a bug here must not block Pods: allow, and say so
+        warning = f"semhealth injector: sidecar not injected: internal error {type(exc).__name__}"
+        # The type and the line only: the message could quote the Pod, whose env may be secret.
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        log.error(
+            "injector failed on a review (%s at %s:%s); the Pod is allowed unchanged",
+            type(exc).__name__,
+            frame.filename,
+            frame.lineno,
+        )
+        return Review(_response(uid, warning=warning), "?", "internal error, allowed unchanged")
+
+
+def _review_request(request: dict[str, Any], uid: str, settings: Settings) -> Review:
     pod = request.get("object")
     where = _where(request, pod)
-    if request.get("operation") != "CREATE" or (request.get("kind") or {}).get("kind") != "Pod":
+    kind = request.get("kind")
+    if request.get("operation") != "CREATE" or not isinstance(kind, Mapping):
+        return Review(_response(uid), where, "not a Pod CREATE")
+    if kind.get("kind") != "Pod":
         return Review(_response(uid), where, "not a Pod CREATE")
     if not isinstance(pod, dict):
         return Review(_response(uid, warning="semhealth injector: no Pod object"), where, "no Pod")

@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from semhealth.agent.kube import CertificateReloader, Injector, Settings, inject_text, review
 from tests.agent.kube import rfc6902
@@ -226,3 +228,73 @@ async def test_shutdown_is_safe_without_start_and_twice(tmp_path: Path) -> None:
     again = Injector(SETTINGS, reloader, host="127.0.0.1", port=0)
     await again.start()
     await again.shutdown()
+
+
+# -- whatever arrives, the answer allows ------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+ANNOTATIONS = st.dictionaries(
+    st.sampled_from(
+        [
+            "semhealth.io/proxy-port",
+            "semhealth.io/scorer",
+            "semhealth.io/native-sidecar",
+            "semhealth.io/memory-limit",
+        ]
+    ),
+    st.sampled_from(["true", "false", "8081", "x", "", "1Gi"]) | JSON,
+).map(lambda found: {"semhealth.io/inject": "true", **found})  # asked for: the checks must run
+CONTAINERS = st.lists(
+    JSON
+    | st.fixed_dictionaries(
+        {"name": st.sampled_from(["app", "semhealth"])}, optional={"ports": JSON}
+    ),
+    max_size=2,
+)
+PODS = st.fixed_dictionaries(
+    {},
+    optional={
+        "metadata": st.fixed_dictionaries(
+            {}, optional={"annotations": ANNOTATIONS | JSON, "name": JSON}
+        )
+        | JSON,
+        "spec": st.fixed_dictionaries(
+            {},
+            optional={
+                "containers": CONTAINERS,
+                "initContainers": JSON,
+                "volumes": JSON,
+                "restartPolicy": JSON,
+            },
+        )
+        | JSON,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod=PODS, kind=st.just({"kind": "Pod"}) | JSON, operation=st.just("CREATE") | JSON)
+def test_any_review_is_answered_allowed_and_any_patch_applies(
+    pod: dict[str, Any], kind: Any, operation: Any
+) -> None:
+    request = admission_review(pod)
+    request["request"]["kind"] = kind
+    request["request"]["operation"] = operation
+    answer = review(json.dumps(request).encode(), SETTINGS).response
+    assert answer["response"]["allowed"] is True
+    assert answer["response"]["uid"] == request["request"]["uid"]
+    # Junk is turned away by the checks, not by the last-resort catch.
+    assert "internal error" not in " ".join(answer["response"].get("warnings", []))
+    patch = patch_of(answer)
+    if patch is not None:
+        patched = rfc6902.apply(pod, patch)
+        assert (
+            patched["spec"]["containers"][-1]["name"] == "semhealth"
+            or patched["spec"]["initContainers"][-1]["name"] == "semhealth"
+        )

@@ -28,7 +28,11 @@ def _kubernetes_objects(
 
 def test_the_claimed_versions_are_the_oldest_and_newest_known() -> None:
     assert chart.KUBE_VERSIONS[-1] == ".".join(kubernetes_validate.latest_version().split(".")[:2])
-    assert 'kubeVersion: ">=1.25.0-0"' in (chart.CHART_DIR / "Chart.yaml").read_text()
+    oldest, newest = chart.KUBE_VERSIONS
+    assert f'kubeVersion: ">={oldest}.0-0"' in (chart.CHART_DIR / "Chart.yaml").read_text()
+    assert (
+        f"**Kubernetes {oldest} to {newest}**" in (chart.CHART_DIR.parent / "README.md").read_text()
+    )
 
 
 @pytest.mark.parametrize("kube_version", chart.KUBE_VERSIONS)

@@ -442,5 +442,6 @@ def test_pod_monitor_scrapes_the_admin_port_the_injector_adds(chart_dir: Path) -
     monitor = chart.one(items, "PodMonitor")
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert (endpoint["port"], endpoint["path"]) == (ADMIN_PORT_NAME, "/metrics")
-    assert monitor["spec"]["selector"] == {"matchLabels": {"semhealth.io/injected": "true"}}
+    # Every Pod: the port name alone picks out the sidecars, whatever labels they carry.
+    assert monitor["spec"]["selector"] == {}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}

@@ -211,3 +211,19 @@ def test_an_injection_error_names_the_object() -> None:
         InjectionError, match=r"^app.yaml#1 Deployment/chat: semhealth.io/proxy-port"
     ):
         inject_text(dump(bad), SETTINGS, source="app.yaml")
+
+
+def test_uninject_refuses_a_status_it_did_not_write() -> None:
+    template = pod_template({"semhealth.io/status": "{not json"})
+    text = dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", **template["metadata"]},
+            "spec": template["spec"],
+        }
+    )
+    with pytest.raises(
+        InjectionError, match=r"^-#1 Pod/p: semhealth\.io/status is not what injection wrote"
+    ):
+        uninject_text(text)

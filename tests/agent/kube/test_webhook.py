@@ -94,6 +94,24 @@ def test_a_pod_that_cannot_be_injected_is_allowed_with_a_warning() -> None:
     ]
 
 
+def test_a_bug_is_answered_allowed_and_logged_without_the_pod(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(pod: dict[str, Any], _settings: Settings) -> None:
+        raise RuntimeError(f"cannot handle {pod['spec']['containers'][0]['env']}")
+
+    monkeypatch.setattr("semhealth.agent.kube.webhook.plan_injection", broken)
+    request = admission_review(pod_from(pod_template(INJECT)))
+    answer = review(json.dumps(request).encode(), SETTINGS)
+    assert answer.response["response"] == {
+        "uid": request["request"]["uid"],
+        "allowed": True,
+        "warnings": ["semhealth injector: sidecar not injected: internal error RuntimeError"],
+    }
+    assert "injector failed on a review (RuntimeError at" in caplog.text
+    assert "hunter2" not in caplog.text
+
+
 def test_the_patch_gives_the_pod_that_inject_gives_the_template() -> None:
     template = pod_template(INJECT)
     request = admission_review(pod_from(template))

@@ -259,6 +259,28 @@ def build() -> dash.Dashboard:
         )
         .with_panel(
             series(
+                "Alertmanager delivery",
+                "Alerts each agent sent to each Alertmanager, by outcome: sent (accepted), "
+                "failed (given up after failed POSTs; resent while firing), dropped (queue "
+                "full, shutdown); and the alerts waiting in each queue.",
+                [
+                    (
+                        _rate("semhealth_alertmanager_alerts_total", "alertmanager, outcome"),
+                        "{{outcome}} {{alertmanager}}",
+                    ),
+                    (
+                        "max by (alertmanager) "
+                        f"(semhealth_alertmanager_queue_length{{{NAMESPACE}}})",
+                        "queued {{alertmanager}}",
+                    ),
+                ],
+                unit="short",
+                thresholds=steps((None, GREEN)),
+                red_series=r"(failed|dropped) .*",
+            )
+        )
+        .with_panel(
+            series(
                 "Failures inside semhealth",
                 "Should stay at zero: analysis errors and alert evaluation failures (bugs, "
                 "please report), failed OTLP pushes, and label values folded into other.",

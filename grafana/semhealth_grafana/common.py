@@ -217,9 +217,11 @@ def series(
     max_value: float | None = None,
     stacked: bool = False,
     colors: dict[str, str] | None = None,
+    red_series: str | None = None,
 ) -> timeseries.Panel:
     """A time series with the thresholds drawn as dashed lines; ``colors`` fixes the colour
-    of the series with that exact name (legend)."""
+    of the series with that exact name (legend); the series ``red_series`` (a regex) matches
+    get thresholds of their own: green at zero, red above."""
     panel = (
         timeseries.Panel()
         .title(title)
@@ -253,6 +255,11 @@ def series(
         panel = panel.max(max_value)
     if links:
         panel = panel.links(links)
+    if red_series is not None:
+        panel = panel.override_by_regexp(
+            red_series,
+            [model.DynamicConfigValue(id_val="thresholds", value=any_is_bad(RED).build())],
+        )
     for name, color in (colors or {}).items():
         panel = panel.override_by_name(
             name,

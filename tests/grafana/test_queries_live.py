@@ -19,6 +19,9 @@ measures. Each wave sends, for each of two models, every kind of exchange the pa
     oversized    a body over limits.max_request_bytes               requests_unanalysed{oversized}
     CONNECT      answered 405 by the proxy itself                   requests_rejected
 
+The agent has an Alertmanager configured that nothing is sent to (no alert fires in a few
+seconds), so its delivery counters and queue length exist at zero.
+
 Then every query of every panel, with the variables set as a user would (one namespace, one
 route, both models), must return at least one sample with a finite value. The few queries
 with no data in such a run are listed in EXPECTED_EMPTY with the reason; they must return
@@ -48,7 +51,7 @@ from semhealth.embeddings.local import LocalBackend
 from tests.agent.conftest import agent_config
 from tests.agent.prometheus_server import PrometheusServer, Result
 from tests.grafana.dashboards import Query, multi, queries, substitute
-from tests.servers import find_binary, required
+from tests.servers import find_binary, free_port, required
 
 NAMESPACE = "shop"
 POD = "checkout-7d9f-abcde"
@@ -167,6 +170,8 @@ class AgentThread:
                 "relevance.enabled": True,
                 "analysis.stall_threshold_s": STALL_THRESHOLD_S,
                 "limits.max_request_bytes": MAX_REQUEST_BYTES,
+                # An Alertmanager no alert reaches (none fires): its delivery series exist.
+                "alerts.alertmanager.urls": [f"http://127.0.0.1:{free_port()}"],
             },
         )
         settings = Settings(consumers=[self.records.append], embedding_backend=self.backend)

@@ -64,12 +64,14 @@ def uninject_text(text: str, *, source: str = "-") -> tuple[str, list[Outcome]]:
 def _rewrite_text(text: str, rewrite: Rewrite, source: str) -> tuple[str, list[Outcome]]:
     outcomes: list[Outcome] = []
     pieces: list[str] = []
-    for index, (marker, body) in enumerate(_split_documents(text)):
+    number = 0  # as YAML counts: comments before the first --- are no document
+    for marker, body in _split_documents(text):
         try:
             document = yaml.safe_load(body)
         except yaml.YAMLError as exc:
-            raise ManifestError(f"{source}: document {index + 1} is not YAML: {exc}") from exc
-        changed = _rewrite_document(document, rewrite, f"{source}#{index + 1}", outcomes)
+            raise ManifestError(f"{source}: document {number + 1} is not YAML: {exc}") from exc
+        number += 1 if marker or document is not None else 0
+        changed = _rewrite_document(document, rewrite, f"{source}#{number}", outcomes)
         if changed is None:
             pieces.append(marker + body)
         else:

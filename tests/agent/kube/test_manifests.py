@@ -227,3 +227,14 @@ def test_uninject_refuses_a_status_it_did_not_write() -> None:
         InjectionError, match=r"^-#1 Pod/p: semhealth\.io/status is not what injection wrote"
     ):
         uninject_text(text)
+
+
+def test_documents_are_numbered_as_yaml_counts_them() -> None:
+    text = (
+        "# rendered by helm\n---\n"
+        + dump(deployment(INJECT, "a"))
+        + "---\n"
+        + dump(deployment(INJECT, "b"))
+    )
+    _, outcomes = inject_text(text, SETTINGS, source="app.yaml")
+    assert [o.where for o in outcomes] == ["app.yaml#1 Deployment/a", "app.yaml#2 Deployment/b"]

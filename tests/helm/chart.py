@@ -98,7 +98,7 @@ _COMMON: dict[str, Any] = {
         "podAnnotations": {"example.com/owner": "platform"},
         "podLabels": {"tier": "control"},
         "priorityClassName": "system-cluster-critical",
-        "podDisruptionBudget": {"enabled": True, "minAvailable": 2},
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": "34%"},
         "service": {"type": "ClusterIP", "port": 8443},
         "metricsPort": 9090,
     },

@@ -1,0 +1,225 @@
+"""A fleet on one scorer: 50 simulated sidecars scoring through one ``semhealth scorer``.
+
+In one run, on this machine:
+
+- **one large encode**: ``model.encode(texts)`` over every text at once, in this process:
+  the ceiling that batching across callers can approach;
+- **fleet, steady**: N sidecars (default 50), each built as a sidecar builds its remote
+  scorer (``open_scorer`` with ``backend: scorer``: its own micro-batcher over its own gRPC
+  channel), each scoring records (a query and two context chunks) at a fixed rate;
+- **fleet, overload**: the same sidecars scoring as fast as they can, so the scorer's
+  queue fills and answers RESOURCE_EXHAUSTED, which a sidecar sheds and counts.
+
+Reported: texts per second through the scorer against the large encode (the ratio),
+per-record latency, records shed, and the scorer's CPU per 1,000 texts (Linux schedstat).
+The scorer is a subprocess (``semhealth scorer``), as in production; the simulated sidecars
+share this process and the same cores, so the figures are a floor for the scorer.
+
+    python bench/fleet_scorer.py            # about 2 minutes on 2 cores
+    python bench/fleet_scorer.py --quick    # about 40 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model ships in a package
+
+sys.path.insert(0, str(Path(__file__).parent))
+from scorer_throughput import Kind, make_texts
+
+from semhealth.embeddings import EmbeddingError, Overloaded, open_scorer
+from semhealth.embeddings.config import Config, Encoder, Remote
+
+RECORD_KIND = Kind("record", words=(8, 40), texts=0, sequential=0)
+SCORER_CONFIG = """\
+relevance:
+  route_cjk_to: null
+  encoders:
+    - name: default
+      local: {model: all-MiniLM-L6-v2, device: cpu, threads: 2}
+"""
+
+
+@dataclass(slots=True)
+class Phase:
+    name: str
+    records: int = 0
+    shed: int = 0
+    errors: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    scorer_cpu_ns: int = 0
+
+    @property
+    def texts(self) -> int:
+        return self.records * 3  # a query and two context chunks
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of a process (all its threads), from /proc/PID/task/*/schedstat."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def start_scorer(port: int, config_path: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "semhealth.agent.cli", "scorer", "--config", config_path,
+               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    return subprocess.Popen(command, stderr=subprocess.DEVNULL)
+
+
+async def wait_scoring(port: int) -> None:
+    """Until the scorer answers a real score: connecting succeeds before the model loads."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            async with open_scorer(sidecar_config(port)) as scorer:
+                await scorer.score("warm-up query", ["warm-up context"], None)
+                return
+        except EmbeddingError:
+            await asyncio.sleep(0.5)
+    raise SystemExit("semhealth scorer did not start scoring")
+
+
+def sidecar_config(port: int) -> Config:
+    """A sidecar's relevance configuration that scores through the shared scorer."""
+    encoder = Encoder(name="default", backend="scorer", remote=Remote(url=f"127.0.0.1:{port}"))
+    return Config(encoders=(encoder,), encoder="default", route_cjk_to=None)
+
+
+async def run_phase(
+    phase: Phase, port: int, sidecars: int, records: list[str], rate: float | None, pid: int
+) -> None:
+    """Each sidecar scores its share of ``records`` at ``rate`` records/s (None: flat out)."""
+    config = sidecar_config(port)
+    cpu_before = process_cpu_ns(pid)
+    start = time.perf_counter()
+
+    async def sidecar(index: int) -> None:
+        share = records[index::sidecars]
+        async with open_scorer(config) as scorer:
+            began = time.perf_counter()
+            for number, text in enumerate(share):
+                if rate is not None:
+                    due = began + number / rate
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                context = [f"{text} (first chunk)", f"{text} (second chunk)"]
+                t0 = time.perf_counter()
+                try:
+                    await scorer.score(text, context, None)
+                except Overloaded:
+                    phase.shed += 1
+                    continue
+                except EmbeddingError:
+                    phase.errors += 1
+                    continue
+                phase.latencies_s.append(time.perf_counter() - t0)
+                phase.records += 1
+
+    await asyncio.gather(*(sidecar(index) for index in range(sidecars)))
+    phase.seconds = time.perf_counter() - start
+    phase.scorer_cpu_ns = process_cpu_ns(pid) - cpu_before
+
+
+def large_encode_rate(texts: list[str]) -> float:
+    """Texts per second of one ``encode`` over every text, with the scorer's 2 threads: the
+    ceiling batching across callers can approach. Run while the scorer is idle."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from semhealth.embeddings.local import resolve_model
+
+    torch.set_num_threads(2)
+    model = SentenceTransformer(resolve_model("all-MiniLM-L6-v2"), device="cpu")
+    model.encode(texts[:64], show_progress_bar=False)  # warm-up
+    start = time.perf_counter()
+    model.encode(texts, batch_size=64, show_progress_bar=False)
+    return len(texts) / (time.perf_counter() - start)
+
+
+def report(phases: list[Phase], ceiling: float, sidecars: int, rate: float) -> None:
+    print(f"one large encode (this process, 2 threads): {ceiling:,.0f} texts/s")
+    print()
+    print(
+        f"| phase ({sidecars} sidecars) | records scored | shed | errors | texts/s "
+        "| x one large encode | latency p50 / p99 ms | scorer CPU ms per 1,000 texts |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for phase in phases:
+        rate_s = phase.texts / phase.seconds if phase.seconds else 0.0
+        lat = sorted(phase.latencies_s)
+        p50 = statistics.median(lat) * 1e3 if lat else float("nan")
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3 if lat else float("nan")
+        cpu = phase.scorer_cpu_ns / 1e6 / max(phase.texts, 1) * 1000
+        print(
+            f"| {phase.name} | {phase.records:,} | {phase.shed:,} | {phase.errors} | "
+            f"{rate_s:,.0f} | {rate_s / ceiling:.2f} | {p50:.1f} / {p99:.1f} | {cpu:,.0f} |"
+        )
+    print()
+    print(f"steady: each sidecar {rate:g} records/s (3 texts each); overload: as fast as it can")
+
+
+async def main(args: argparse.Namespace) -> None:
+    records_total = 600 if args.quick else 2000
+    # Each phase its own texts: the scorer caches vectors, and a repeat would measure the cache.
+    records = make_texts(RECORD_KIND, records_total, seed=11)
+    flood = make_texts(RECORD_KIND, records_total, seed=12)
+    warm = make_texts(RECORD_KIND, 100, seed=13)
+    texts = [
+        t for text in records for t in (text, f"{text} (first chunk)", f"{text} (second chunk)")
+    ]
+    before = large_encode_rate(texts)
+    port = free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        handle.write(SCORER_CONFIG)
+    scorer = start_scorer(port, handle.name)
+    try:
+        await wait_scoring(port)
+        await run_phase(Phase("warm-up"), port, args.sidecars, warm, None, scorer.pid)
+        steady = Phase("steady")
+        await run_phase(steady, port, args.sidecars, records, args.rate, scorer.pid)
+        overload = Phase("overload")
+        await run_phase(overload, port, args.sidecars, flood, None, scorer.pid)
+    finally:
+        scorer.terminate()
+        scorer.wait(30)
+        os.unlink(handle.name)
+    # A busy machine slows one encode too: the faster of two, before and after the fleet.
+    ceiling = max(before, large_encode_rate(texts))
+    report([steady, overload], ceiling, args.sidecars, args.rate)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="fewer records (~40 s)")
+    parser.add_argument("--sidecars", type=int, default=50, help="simulated sidecars (50)")
+    parser.add_argument(
+        "--rate", type=float, default=1.0, help="records/s per sidecar when steady (1)"
+    )
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -131,6 +131,26 @@ def build() -> dash.Dashboard:
         )
     )
 
+    board = board.with_panel(
+        series(
+            "Tokens per second by type and prompt class",
+            "Input and output tokens from the usage each stream reports "
+            "(gen_ai_client_token_usage; OpenAI streams report it with "
+            "stream_options.include_usage). Throughput, so no threshold line.",
+            [
+                (
+                    "sum by (gen_ai_token_type, prompt_class) "
+                    f"(rate(gen_ai_client_token_usage_sum{{{GEN_AI}}}[{RATE}]))",
+                    "{{gen_ai_token_type}} {{prompt_class}}",
+                )
+            ],
+            unit="short",
+            thresholds=steps((None, GREEN)),
+            stacked=True,
+            width=24,
+        )
+    )
+
     board = (
         board.with_row(row("Continuity"))
         .with_panel(

@@ -191,7 +191,7 @@ RUNBOOK_PANELS = {
     "ContextRelevanceLow": ("semhealth-overview", 8),
     "RelevanceRegression": ("semhealth-overview", 8),
     "OutputValidityLow": ("semhealth-overview", 7),
-    "StreamChoppy": ("semhealth-streams", 7),
+    "StreamChoppy": ("semhealth-streams", 8),
     "LatencySLO": ("semhealth-streams", 3),
     "SlowFirstToken": ("semhealth-streams", 2),
 }

@@ -17,6 +17,8 @@ measures. Each wave sends, for each of two models, every kind of exchange the pa
     schema       JSON Schema requiring "b", '{"a": 1}'              result="schema", "required"
     429 x2       X-RateLimit-Source upstream / gateway              error_type 429_upstream, _gateway
     oversized    a body over limits.max_request_bytes               requests_unanalysed{oversized}
+
+(every stream asks for its usage, stream_options.include_usage, for the token panel)
     CONNECT      answered 405 by the proxy itself                   requests_rejected
 
 The agent has an Alertmanager configured that nothing is sent to (no alert fires in a few
@@ -113,6 +115,7 @@ def request_body(model: str, kind: str) -> dict[str, Any]:
         "model": model,
         "user": kind,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "messages": [{"role": "system", "content": context}, {"role": "user", "content": user}],
     }
     if kind in ("valid", "broken"):

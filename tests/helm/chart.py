@@ -165,7 +165,7 @@ _COMMON: dict[str, Any] = {
     "podMonitor": {
         "enabled": True,
         "selector": {"matchLabels": {"semhealth.io/injected": "true", "env": "prod"}},
-        "namespaceSelector": {"matchNames": ["apps", "staging"]},
+        "namespaces": ["apps", "staging"],
         "portName": "sh-admin",
         "interval": "15s",
         "scrapeTimeout": "5s",

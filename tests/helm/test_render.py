@@ -445,3 +445,7 @@ def test_pod_monitor_scrapes_the_admin_port_the_injector_adds(chart_dir: Path) -
     # Every Pod: the port name alone picks out the sidecars, whatever labels they carry.
     assert monitor["spec"]["selector"] == {}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    items = chart.objects(chart.render(chart_dir, chart.OPTION_SETS["cert-manager-own-issuer"]))
+    monitor = chart.one(items, "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["apps", "staging"]}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "sh-admin"

@@ -70,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
 def cluster() -> Iterator[_Cluster]:
     server = _Cluster(("127.0.0.1", 0), _Handler)
     server.paths = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server
     server.shutdown()

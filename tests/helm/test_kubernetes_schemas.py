@@ -26,9 +26,16 @@ def _kubernetes_objects(
     return [(name, o) for name, items in manifests.items() for o in items if o["kind"] not in skip]
 
 
-def test_the_claimed_versions_are_the_oldest_and_newest_known() -> None:
-    assert chart.KUBE_VERSIONS[-1] == ".".join(kubernetes_validate.latest_version().split(".")[:2])
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_the_claimed_versions_are_the_ones_validated() -> None:
+    """The docs claim what the tests validate, and kubernetes-validate has both versions'
+    schemas (a newer release adds versions: then move the claim up with it)."""
     oldest, newest = chart.KUBE_VERSIONS
+    assert _minor(newest) <= _minor(kubernetes_validate.latest_version())
     assert f'kubeVersion: ">={oldest}.0-0"' in (chart.CHART_DIR / "Chart.yaml").read_text()
     assert (
         f"**Kubernetes {oldest} to {newest}**" in (chart.CHART_DIR.parent / "README.md").read_text()

@@ -35,6 +35,7 @@ DISABLED: dict[str, Any] = {
     "injector": {"enabled": False},
     "scorer": {"enabled": False},
     "serviceAccount": {"create": False},
+    "dashboards": {"enabled": False},
 }
 
 # Every option of values.yaml set away from its default, over two sets (cert-manager with

@@ -92,10 +92,14 @@ def test_lint_reports_a_value_the_schema_rejects(chart_dir: Path) -> None:
 # --------------------------------------------------------------------------- what renders
 
 
-def test_defaults_render_the_injector_the_scorer_and_the_sidecar_config(
-    manifests: dict[str, list[dict[str, Any]]],
+def test_defaults_render_the_injector_the_scorer_the_sidecar_config_and_dashboards(
+    manifests: dict[str, list[dict[str, Any]]], chart_dir: Path
 ) -> None:
-    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in manifests["defaults"])
+    dashboards = [o for o in manifests["defaults"] if _component(o) == "dashboards"]
+    assert len(dashboards) == len(list((chart_dir / "dashboards").glob("*.json"))) > 0
+    kinds = sorted(
+        (o["kind"], o["metadata"]["name"]) for o in manifests["defaults"] if o not in dashboards
+    )
     assert kinds == [
         ("ConfigMap", "obs-semhealth-scorer"),
         ("ConfigMap", "semhealth-config"),
@@ -109,6 +113,11 @@ def test_defaults_render_the_injector_the_scorer_and_the_sidecar_config(
         ("Service", "obs-semhealth-scorer"),
         ("ServiceAccount", "obs-semhealth"),
     ]
+
+
+def _component(item: dict[str, Any]) -> str | None:
+    component: str | None = item["metadata"]["labels"].get("app.kubernetes.io/component")
+    return component
 
 
 def test_every_part_switches_off(manifests: dict[str, list[dict[str, Any]]]) -> None:
@@ -412,19 +421,16 @@ def test_dashboards_become_configmaps_for_grafanas_sidecar(
     manifests: dict[str, list[dict[str, Any]]], chart_dir: Path
 ) -> None:
     files = sorted(p.name for p in (chart_dir / "dashboards").glob("*.json"))
-    maps = [
-        o
-        for o in manifests["cert-manager-own-issuer"]
-        if o["kind"] == "ConfigMap"
-        and o["metadata"]["labels"].get("app.kubernetes.io/component") == "dashboards"
-    ]
+    maps = [o for o in manifests["cert-manager-own-issuer"] if _component(o) == "dashboards"]
+    assert {m["kind"] for m in maps} == {"ConfigMap"}
     assert sorted(name for m in maps for name in m["data"]) == files
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert config_map["metadata"]["namespace"] == "monitoring"
         assert config_map["metadata"]["annotations"] == {"grafana_folder": "semhealth"}
         ((name, text),) = config_map["data"].items()
-        assert yaml.safe_load(text) == yaml.safe_load((chart_dir / "dashboards" / name).read_text())
+        # The JSON exactly as committed, byte for byte (Grafana reads it as it is).
+        assert text == (chart_dir / "dashboards" / name).read_text().rstrip("\n")
 
 
 def test_notes_name_what_to_do_next(rendered: dict[str, dict[str, str]]) -> None:

@@ -436,10 +436,10 @@ def test_dashboards_become_configmaps_for_grafanas_sidecar(
 def test_notes_name_what_to_do_next(rendered: dict[str, dict[str, str]]) -> None:
     notes = rendered["cert-manager-own-issuer"]["semhealth/templates/NOTES.txt"]
     assert 'semhealth.io/inject: "true"' in notes
-    assert "kubectl label namespace" not in notes or "matchExpressions" not in notes
+    assert "1. The namespaces matching injector.namespaceSelector are watched." in notes
     assert "semhealth:relevance_demand:rate2m" in notes
     defaults = rendered["defaults"]["semhealth/templates/NOTES.txt"]
-    assert "kubectl label namespace <ns> semhealth.io/injection=enabled" in defaults
+    assert "kubectl label namespace <ns> semhealth.io/injection=enabled\n" in defaults
     assert f"obs-semhealth-scorer.{chart.NAMESPACE}.svc:50051" in defaults
 
 

@@ -13,6 +13,7 @@ from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus, stat, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
@@ -199,7 +200,7 @@ def runbook(ref: AlertRef) -> dash.DashboardLink:
 Target = tuple[str, str]  # (PromQL, legend)
 
 
-def _targets(targets: list[Target]) -> list[prometheus.Dataquery]:
+def _targets(targets: list[Target]) -> list[cogbuilder.Builder[variants.Dataquery]]:
     return [query(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(targets)]
 
 
@@ -212,7 +213,7 @@ def series(
     thresholds: dash.ThresholdsConfig,
     width: int = 12,
     height: int = 8,
-    links: list[dash.DashboardLink] | None = None,
+    links: list[cogbuilder.Builder[model.DashboardLink]] | None = None,
     min_value: float | None = None,
     max_value: float | None = None,
     stacked: bool = False,
@@ -281,7 +282,7 @@ def single(
     thresholds: dash.ThresholdsConfig,
     width: int = 6,
     height: int = 5,
-    links: list[dash.DashboardLink] | None = None,
+    links: list[cogbuilder.Builder[model.DashboardLink]] | None = None,
     decimals: float | None = None,
 ) -> stat.Panel:
     """One number per series, coloured by the thresholds, with its recent trend."""

@@ -88,6 +88,7 @@ def test_query_filters_by_every_variable_its_metric_carries(query: Query) -> Non
     found = selectors(promql)
     assert found
     for selector in found:
+        assert selector.name is not None  # every selector names its metric
         if selector.name in PROMETHEUS_OWN:
             continue
         wanted = {"namespace": "<namespace>"}

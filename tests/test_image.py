@@ -37,6 +37,23 @@ def test_the_dockerfile_installs_the_sidecar_with_the_script_this_test_runs() ->
     assert "gcc" not in text and "build-essential" not in text
 
 
+def _source_stage_copies() -> list[str]:
+    """What the Dockerfile's ``source`` stage copies into /src, read from the Dockerfile."""
+    stage = DOCKERFILE.read_text("utf-8").split("AS source", 1)[1].split("\nFROM ", 1)[0]
+    copied: list[str] = []
+    for line in stage.splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and not parts[-1].startswith("/"):
+            copied += parts[1:-1]
+    return copied
+
+
+def test_the_source_stage_copies_the_package_and_nothing_else() -> None:
+    assert sorted(_source_stage_copies()) == sorted(
+        ["pyproject.toml", "README.md", "agent", "collectors", "embeddings", "alerts"]
+    )
+
+
 @pytest.fixture(scope="module")
 def sidecar_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("image") / "venv"
@@ -44,12 +61,12 @@ def sidecar_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # leave build/ and *.egg-info in it.
     source = venv.parent / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    for folder in ("agent", "collectors", "embeddings", "alerts"):
-        shutil.copytree(
-            ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
-        )
+    for path in _source_stage_copies():
+        if (ROOT / path).is_dir():
+            skip = shutil.ignore_patterns("__pycache__")
+            shutil.copytree(ROOT / path, source / path, ignore=skip)
+        else:
+            shutil.copy(ROOT / path, source / path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     subprocess.run(["sh", str(INSTALL), str(venv), str(source)], check=True, env=env, timeout=900)
     return venv

@@ -15,6 +15,7 @@ import pytest
 
 from semhealth.agent.cli import main
 from semhealth.embeddings.calibration import Calibration, load_calibration
+from tests.default_install import HIDE_LOCAL_EXTRA
 
 PAIRS = Path(__file__).parents[2] / "embeddings" / "data" / "relevance_pairs.jsonl"
 # One encoder, unrouted: these tests need MiniLM only.
@@ -110,19 +111,9 @@ def test_score_of_a_missing_file_says_so(tmp_path: Path, config: Path) -> None:
 
 
 # `semhealth score` as on a default install: sentence-transformers and torch cannot be found.
-_SCORE_WITHOUT_LOCAL_EXTRA = """
-import sys
-
-class Hide:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in ("sentence_transformers", "torch"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, Hide())
-from semhealth.agent.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+_SCORE_WITHOUT_LOCAL_EXTRA = (
+    HIDE_LOCAL_EXTRA + "from semhealth.agent.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+)
 
 
 def test_score_on_a_default_install_falls_back_to_use_and_says_so(tmp_path: Path) -> None:

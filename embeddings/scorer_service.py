@@ -12,13 +12,17 @@ format is ``_wire``'s, no protoc) and the standard ``grpc.health.v1.Health`` ser
 - A full queue answers RESOURCE_EXHAUSTED with the queue's figures in trailing metadata,
   so clients shed instead of retrying; a retryable backend failure answers UNAVAILABLE,
   a permanent one INTERNAL. Details carry counts and reasons, never texts.
+- Each encoder keeps its own counters; ``self.metrics`` exports them, its queue and the
+  batch and latency histograms (``scorer_metrics``) for ``semhealth scorer --metrics-listen``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NoReturn
 
 import grpc  # type: ignore[import-untyped]
@@ -34,6 +38,13 @@ from semhealth.embeddings.errors import (
     EmbeddingError,
     ModelLoadError,
     Overloaded,
+)
+from semhealth.embeddings.scorer_metrics import (
+    NO_ENCODER,
+    OK,
+    EncoderStats,
+    MeteredBackend,
+    ScorerMetrics,
 )
 
 DEFAULT_SHUTDOWN_S = 5.0
@@ -70,8 +81,12 @@ class _Counters:
     rpcs: int = 0
     texts: int = 0
     overloaded: int = 0
+    overloaded_texts: int = 0
     expired: int = 0
     failed: int = 0
+    # Every Embed call that ended with a non-OK status, by the status's name: the
+    # fields above say why in the scorer's terms, this says what the client heard.
+    codes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -80,6 +95,8 @@ class _Served:
     batcher: MicroBatcher | None = None  # set once loaded and started: then RPCs may use it
     info: _wire.Info | None = None
     built: MicroBatcher | None = None  # built here from a ServedEncoder, so shut down here
+    counters: _Counters = field(default_factory=_Counters)
+    worker_failed: bool = False  # its batcher's worker died: it no longer serves
 
 
 @dataclass(slots=True)
@@ -90,7 +107,9 @@ class _State:
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # health updates in flight
     load_error: EmbeddingError | None = None
-    counters: _Counters = field(default_factory=_Counters)
+    metrics: ScorerMetrics = field(default_factory=ScorerMetrics)
+    # Embed calls that named no encoder served here, or could not be read.
+    unmatched: _Counters = field(default_factory=_Counters)
 
 
 class ScorerServer:
@@ -117,6 +136,8 @@ class ScorerServer:
         self._max_message_bytes = max_message_bytes
         self._on_task_failure = on_task_failure
         self._state = _State({name: _Served(source) for name, source in encoders.items()})
+        self.metrics = self._state.metrics
+        self.metrics.read_stats(self.encoder_stats)
         self._server: Any = None
         self._health: Any = None
         self._load_task: asyncio.Task[None] | None = None
@@ -183,14 +204,44 @@ class ScorerServer:
             raise ExceptionGroup("the scorer did not shut down cleanly", errors)
 
     def stats(self) -> ScorerStats:
-        counters = self._state.counters
+        """The whole scorer's counts: every encoder's, and calls that named none."""
+        state = self._state
+        every = [*(served.counters for served in state.encoders.values()), state.unmatched]
         return ScorerStats(
-            rpcs=counters.rpcs,
-            texts=counters.texts,
-            overloaded=counters.overloaded,
-            expired=counters.expired,
-            failed=counters.failed,
+            rpcs=sum(counters.rpcs for counters in every),
+            texts=sum(counters.texts for counters in every),
+            overloaded=sum(counters.overloaded for counters in every),
+            expired=sum(counters.expired for counters in every),
+            failed=sum(counters.failed for counters in every),
         )
+
+    def encoder_stats(self) -> list[EncoderStats]:
+        """Each served encoder's counts and queue now; calls that named none come last,
+        as ``NO_ENCODER``. What ``self.metrics`` exports at every scrape."""
+        state = self._state
+        rows = [_encoder_stats(name, served, state) for name, served in state.encoders.items()]
+        unmatched = state.unmatched
+        rows.append(
+            EncoderStats(NO_ENCODER, False, unmatched.rpcs, 0, 0, dict(unmatched.codes), 0, 0)
+        )
+        return rows
+
+
+def _encoder_stats(name: str, served: _Served, state: _State) -> EncoderStats:
+    counters, batcher = served.counters, served.batcher
+    queued = batcher.stats().waiting if batcher is not None else 0
+    queue_size = batcher.config.queue_size if batcher is not None else 0
+    up = batcher is not None and state.load_error is None and not served.worker_failed
+    return EncoderStats(
+        encoder=name,
+        up=up,
+        requests=counters.rpcs,
+        texts=counters.texts,
+        overloaded_texts=counters.overloaded_texts,
+        failed=dict(counters.codes),
+        queued=queued,
+        queue_size=queue_size,
+    )
 
 
 async def serve_scorer(
@@ -235,9 +286,9 @@ async def _load_all(
     state: _State, servicer: Any, on_failure: Callable[[BaseException], None] | None
 ) -> None:
     try:
-        report = _worker_failure_reporter(state, servicer, on_failure)
         for name, served in state.encoders.items():
-            await _load_one(name, served, report)
+            report = _worker_failure_reporter(state, servicer, on_failure, served)
+            await _load_one(name, served, report, state.metrics)
     except Exception as exc:
         state.load_error = _as_load_error(exc)
         if on_failure is not None:
@@ -249,11 +300,15 @@ async def _load_all(
 
 
 def _worker_failure_reporter(
-    state: _State, servicer: Any, on_failure: Callable[[BaseException], None] | None
+    state: _State,
+    servicer: Any,
+    on_failure: Callable[[BaseException], None] | None,
+    served: _Served,
 ) -> Callable[[BaseException], None]:
     """Hears of a dead worker in a batcher built here: the scorer no longer serves."""
 
     def report(exc: BaseException) -> None:
+        served.worker_failed = True
         if on_failure is not None:
             on_failure(exc)
         # Called from a task's done-callback, on the loop; the health update is async, and
@@ -273,17 +328,22 @@ async def _set_health(servicer: Any, status: Any) -> None:
 
 
 async def _load_one(
-    name: str, served: _Served, on_failure: Callable[[BaseException], None] | None
+    name: str,
+    served: _Served,
+    on_failure: Callable[[BaseException], None] | None,
+    metrics: ScorerMetrics,
 ) -> None:
     source = served.source
     if isinstance(source, MicroBatcher):
+        # A running batcher its owner built: its model calls are the owner's to measure.
         batcher = source
     else:
-        backend = await asyncio.to_thread(source.load)
+        loaded = await asyncio.to_thread(source.load)
+        metered = MeteredBackend(loaded, partial(metrics.observe_batch, name))
         try:
-            batcher = MicroBatcher(backend, source.batching, on_task_failure=on_failure)
+            batcher = MicroBatcher(metered, source.batching, on_task_failure=on_failure)
         except ValueError:
-            await backend.aclose()
+            await metered.aclose()
             raise
         served.built = batcher
         await batcher.start()
@@ -344,43 +404,78 @@ def _scorer_handler(state: _State) -> Any:
     )
 
 
+@dataclass(slots=True)
+class _Call:
+    """One Embed call's outcome, for its latency histogram and its encoder's counters."""
+
+    counters: _Counters
+    encoder: str = NO_ENCODER
+    code: str = OK
+
+
 async def _embed(
     state: _State, request: _wire.EmbedRequest | _wire.Malformed, context: Any
 ) -> Vectors:
-    counters = state.counters
-    counters.rpcs += 1
+    call = _Call(state.unmatched)
+    started = time.perf_counter()
+    try:
+        return await _embed_counted(state, request, context, call)
+    except asyncio.CancelledError:
+        # The client cancelled (or the server stopped): it hears no status from us.
+        call.counters.expired += 1
+        _count_failure(call, "CANCELLED")
+        raise
+    finally:
+        state.metrics.observe_embed(call.encoder, call.code, time.perf_counter() - started)
+
+
+async def _embed_counted(
+    state: _State, request: _wire.EmbedRequest | _wire.Malformed, context: Any, call: _Call
+) -> Vectors:
     if isinstance(request, _wire.Malformed):
-        await _abort_malformed(context, "Embed", request)
-    batcher = (await _served(state, request.encoder, context)).batcher
-    assert batcher is not None  # _served aborts unless loaded
-    count = len(request.texts)
+        call.counters.rpcs += 1
+        await _refuse(context, call, *_malformed(request, "Embed"))
+    found = _served(state, request.encoder)
+    if isinstance(found, _Served):
+        call.counters, call.encoder = found.counters, request.encoder
+    call.counters.rpcs += 1
+    if not isinstance(found, _Served):
+        await _refuse(context, call, *found)
+    batcher = found.batcher
+    assert batcher is not None  # _served refuses unless loaded
+    counters, count = call.counters, len(request.texts)
     try:
         # None when the client set no deadline: then only its cancelling ends the wait.
         async with asyncio.timeout(context.time_remaining()):
             vectors = await batcher.embed(request.texts)
     except TimeoutError:
         counters.expired += 1
-        await _abort(
-            context, grpc.StatusCode.DEADLINE_EXCEEDED, f"the deadline passed before {count} texts"
+        await _refuse(
+            context,
+            call,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the deadline passed before {count} texts",
         )
-    except asyncio.CancelledError:
-        counters.expired += 1
-        raise
     except Overloaded as exc:
         counters.overloaded += 1
+        counters.overloaded_texts += count
         figures = _wire.encode_overload(exc.requested, exc.free, exc.queue_size)
-        await _abort(
-            context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), (_wire.OVERLOADED_KEY, figures)
+        await _refuse(
+            context,
+            call,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            str(exc),
+            (_wire.OVERLOADED_KEY, figures),
         )
     except Closed:
-        await _abort(context, grpc.StatusCode.UNAVAILABLE, "the scorer is shutting down")
+        await _refuse(context, call, grpc.StatusCode.UNAVAILABLE, "the scorer is shutting down")
     except BackendError as exc:
         counters.failed += 1
         code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.INTERNAL
-        await _abort(context, code, str(exc))
+        await _refuse(context, call, code, str(exc))
     except EmbeddingError as exc:
         counters.failed += 1
-        await _abort(context, grpc.StatusCode.INTERNAL, str(exc))
+        await _refuse(context, call, grpc.StatusCode.INTERNAL, str(exc))
     counters.texts += count
     return vectors
 
@@ -389,34 +484,54 @@ async def _info(
     state: _State, request: _wire.InfoRequest | _wire.Malformed, context: Any
 ) -> _wire.Info:
     if isinstance(request, _wire.Malformed):
-        await _abort_malformed(context, "Info", request)
-    info = (await _served(state, request.encoder, context)).info
-    assert info is not None  # _served aborts unless loaded
+        await _abort(context, *_malformed(request, "Info"))
+    found = _served(state, request.encoder)
+    if not isinstance(found, _Served):
+        await _abort(context, *found)
+    info = found.info
+    assert info is not None  # _served refuses unless loaded
     return info
 
 
-async def _served(state: _State, encoder: str, context: Any) -> _Served:
-    """The loaded encoder a request names; aborts the RPC when there is none to use."""
+_Refusal = tuple[Any, str]  # a gRPC status code and its details
+
+
+def _served(state: _State, encoder: str) -> _Served | _Refusal:
+    """The loaded encoder a request names, or why there is none to use."""
     served = state.encoders.get(encoder)
     if served is None:
         names = ", ".join(sorted(state.encoders))
         # The requested name is not echoed: it came from a client.
-        await _abort(
-            context, grpc.StatusCode.NOT_FOUND, f"no such encoder here; this scorer serves: {names}"
-        )
+        return grpc.StatusCode.NOT_FOUND, f"no such encoder here; this scorer serves: {names}"
     if state.load_error is not None:
-        await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(state.load_error))
+        return grpc.StatusCode.FAILED_PRECONDITION, str(state.load_error)
     if served.batcher is None:
-        await _abort(context, grpc.StatusCode.UNAVAILABLE, "the encoder's model is still loading")
+        return grpc.StatusCode.UNAVAILABLE, "the encoder's model is still loading"
     return served
 
 
-async def _abort_malformed(context: Any, method: str, malformed: _wire.Malformed) -> NoReturn:
-    await _abort(
-        context,
+def _malformed(malformed: _wire.Malformed, method: str) -> _Refusal:
+    return (
         grpc.StatusCode.INVALID_ARGUMENT,
         f"malformed {method} request of {malformed.size} bytes: {malformed.reason}",
     )
+
+
+def _count_failure(call: _Call, code: str) -> None:
+    call.code = code
+    call.counters.codes[code] = call.counters.codes.get(code, 0) + 1
+
+
+async def _refuse(
+    context: Any,
+    call: _Call,
+    code: Any,
+    details: str,
+    metadata: tuple[str, str] | None = None,
+) -> NoReturn:
+    """End an Embed call with ``code``, counted under the encoder it named."""
+    _count_failure(call, code.name)
+    await _abort(context, code, details, metadata)
 
 
 async def _abort(

@@ -1,0 +1,248 @@
+"""The shared scorer's Prometheus metrics and the plain-HTTP ``/metrics`` listener.
+
+Counters and gauges are read at scrape time from what the scorer already keeps
+(``EncoderStats``: its per-encoder counters, the batcher's queue), so nothing is counted
+twice. Only the histograms are observed as calls happen, into a registry of the scorer's
+own (never prometheus_client's global one, so two scorers in a process never mix).
+
+Each instrument, its unit and bucket family:
+
+====================================================  =========  ============================
+name                                                  kind       buckets / labels
+====================================================  =========  ============================
+semhealth_scorer_requests_total                       counter    encoder
+semhealth_scorer_texts_total                          counter    encoder (texts answered)
+semhealth_scorer_overloaded_texts_total               counter    encoder
+semhealth_scorer_failed_requests_total                counter    encoder, code (gRPC status)
+semhealth_scorer_queue_texts                          gauge      encoder
+semhealth_scorer_queue_capacity_texts                 gauge      encoder
+semhealth_scorer_encoder_up                           gauge      encoder (1 loaded, serving)
+semhealth_scorer_batch_texts                          histogram  BATCH_BUCKETS; encoder
+semhealth_scorer_model_call_duration_seconds          histogram  LATENCY_BUCKETS_S; encoder
+semhealth_scorer_embed_duration_seconds               histogram  LATENCY_BUCKETS_S; encoder, code
+====================================================  =========  ============================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from semhealth.embeddings.backend import Backend, Vectors
+
+# 1 ms to 10 s: a cached text answers in about a millisecond; clients' deadlines are seconds.
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# Texts per model call: powers of two up to the largest max_batch worth configuring.
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+# Calls that named no encoder this scorer serves (or could not be read) are counted here;
+# the name a client sent is never a label value, so a bad client cannot add series.
+NO_ENCODER = "unknown"
+OK = "OK"
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderStats:
+    """One served encoder's figures at one instant, as the scorer keeps them."""
+
+    encoder: str
+    up: bool  # loaded and its batcher's worker alive
+    requests: int  # Embed calls received
+    texts: int  # texts those calls had embedded
+    overloaded_texts: int  # texts of calls answered RESOURCE_EXHAUSTED
+    failed: Mapping[str, int]  # calls that ended with a non-OK gRPC status, by status name
+    queued: int  # texts waiting in its batcher's queue now
+    queue_size: int  # the queue's capacity; 0 until loaded
+
+
+@dataclass(slots=True)
+class ScorerMetrics:
+    """The scorer's registry: histograms it observes, counters it reads from ``stats``."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    batch_texts: Histogram = field(init=False)
+    model_call_seconds: Histogram = field(init=False)
+    embed_seconds: Histogram = field(init=False)
+
+    def __post_init__(self) -> None:
+        registry = self.registry
+        self.batch_texts = Histogram(
+            "semhealth_scorer_batch_texts",
+            "Texts per model call the scorer's batcher made.",
+            ["encoder"],
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.model_call_seconds = Histogram(
+            "semhealth_scorer_model_call_duration_seconds",
+            "Duration of one model call (a batch), failed ones included.",
+            ["encoder"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.embed_seconds = Histogram(
+            "semhealth_scorer_embed_duration_seconds",
+            "Duration of an Embed RPC in the scorer, from receipt to answer, by gRPC status.",
+            ["encoder", "code"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+
+    def read_stats(self, stats: Callable[[], Sequence[EncoderStats]]) -> None:
+        """Export the counters and gauges ``stats`` reports, read at every scrape."""
+        self.registry.register(_StatsCollector(stats))
+
+    def observe_batch(self, encoder: str, texts: int, seconds: float) -> None:
+        self.batch_texts.labels(encoder).observe(texts)
+        self.model_call_seconds.labels(encoder).observe(seconds)
+
+    def observe_embed(self, encoder: str, code: str, seconds: float) -> None:
+        self.embed_seconds.labels(encoder, code).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StatsCollector(Collector):
+    def __init__(self, stats: Callable[[], Sequence[EncoderStats]]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[object]:
+        # Nothing to describe before a scrape: the families depend on the encoders served.
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        snapshot = self._stats()
+        requests = _counter("requests", "Embed calls received.")
+        texts = _counter("texts", "Texts Embed calls had embedded.")
+        overloaded = _counter(
+            "overloaded_texts", "Texts of Embed calls answered RESOURCE_EXHAUSTED (queue full)."
+        )
+        failed = CounterMetricFamily(
+            "semhealth_scorer_failed_requests",
+            "Embed calls that ended with a non-OK gRPC status.",
+            labels=["encoder", "code"],
+        )
+        queued = _gauge("queue_texts", "Texts waiting in the encoder's batcher queue.")
+        capacity = _gauge("queue_capacity_texts", "Capacity of the encoder's batcher queue.")
+        up = _gauge("encoder_up", "1 when the encoder is loaded and serving, else 0.")
+        for stats in snapshot:
+            name = [stats.encoder]
+            requests.add_metric(name, stats.requests)
+            texts.add_metric(name, stats.texts)
+            overloaded.add_metric(name, stats.overloaded_texts)
+            for code, count in sorted(stats.failed.items()):
+                failed.add_metric([stats.encoder, code], count)
+            queued.add_metric(name, stats.queued)
+            capacity.add_metric(name, stats.queue_size)
+            up.add_metric(name, 1.0 if stats.up else 0.0)
+        yield from (requests, texts, overloaded, failed, queued, capacity, up)
+
+
+def _counter(name: str, help_text: str) -> CounterMetricFamily:
+    return CounterMetricFamily(f"semhealth_scorer_{name}", help_text, labels=["encoder"])
+
+
+def _gauge(name: str, help_text: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"semhealth_scorer_{name}", help_text, labels=["encoder"])
+
+
+class MeteredBackend:
+    """A backend that reports each model call's size and duration, then passes it on.
+
+    The batcher drives it like any backend (the one-method seam), so the scorer sees every
+    batch without the batcher knowing about metrics.
+    """
+
+    def __init__(self, inner: Backend, observe: Callable[[int, float], None]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+        # The scorer's Info answer reads the device, when the backend has one.
+        self.device = getattr(inner, "device", None)
+        self._observe = observe
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        started = time.perf_counter()
+        try:
+            return await self.inner.embed(texts)
+        finally:
+            self._observe(len(texts), time.perf_counter() - started)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class MetricsServer:
+    """Serves ``render()`` at ``GET /metrics`` over plain HTTP on ``host:port``.
+
+    ``port`` 0 picks a free port; ``self.port`` is the bound one after ``start``.
+    """
+
+    def __init__(self, render: Callable[[], bytes], host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._render = render
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Bind and serve; raises ``OSError`` when the address cannot be bound."""
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(_metrics_app(self._render), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = _bound_port(runner, self.port)
+
+    async def shutdown(self) -> None:
+        """Stop serving; safe without ``start`` and twice."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+
+def _metrics_app(render: Callable[[], bytes]) -> web.Application:
+    async def metrics(_request: web.Request) -> web.Response:
+        # Off the loop: a scrape must not hold up the Embed calls sharing it.
+        body = await asyncio.to_thread(render)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _bound_port(runner: web.AppRunner, asked: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return asked

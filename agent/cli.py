@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from semhealth.embeddings.config import Encoder
 
 log = logging.getLogger("semhealth")
+# The scorer's /metrics port: next to the sidecar's admin port (9464), and what the chart scrapes.
+SCORER_METRICS_LISTEN = "0.0.0.0:9465"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scorer.add_argument("--listen", required=True, metavar="HOST:PORT", help="gRPC address")
     scorer.add_argument("--config", metavar="FILE", help="YAML configuration (relevance:)")
+    scorer.add_argument(
+        "--metrics-listen",
+        default=SCORER_METRICS_LISTEN,
+        metavar="HOST:PORT|off",
+        help="plain-HTTP address serving /metrics for Prometheus, or off "
+        f"(default {SCORER_METRICS_LISTEN}: the sidecar's admin port is 9464)",
+    )
 
     config = commands.add_parser("config", help="check or describe the configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -383,12 +392,20 @@ async def _calibrate(args: argparse.Namespace) -> int:
 
 
 async def _scorer(args: argparse.Namespace) -> int:
+    from semhealth.embeddings.scorer_metrics import MetricsServer
     from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
 
     relevance = load_relevance(args.config, os.environ)
     address = Address.parse(args.listen)
     if address is None:
         print(f"semhealth scorer: --listen {args.listen!r} is not HOST:PORT", file=sys.stderr)
+        return 2
+    metrics_address = None if args.metrics_listen == "off" else Address.parse(args.metrics_listen)
+    if metrics_address is None and args.metrics_listen != "off":
+        print(
+            f"semhealth scorer: --metrics-listen {args.metrics_listen!r} is not HOST:PORT or off",
+            file=sys.stderr,
+        )
         return 2
     setup_logging("info")
     encoders = {
@@ -400,7 +417,15 @@ async def _scorer(args: argparse.Namespace) -> int:
     server = await serve_scorer(
         encoders, address.host, address.port, on_task_failure=_log_task_failure
     )
+    metrics = None
+    if metrics_address is not None:
+        metrics = MetricsServer(server.metrics.render, metrics_address.host, metrics_address.port)
     try:
+        if metrics is not None:
+            # Up before the models load, so a scrape shows the encoders not yet serving.
+            await metrics.start()
+            where = Address(host=metrics.host, port=metrics.port)
+            log.info("semhealth scorer metrics on http://%s/metrics", where)
         ready = asyncio.ensure_future(server.wait_ready())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -414,7 +439,10 @@ async def _scorer(args: argparse.Namespace) -> int:
             await stopped
         ready.cancel()
     finally:
+        # The gRPC side first: the last scrape may still see its final counts.
         await server.shutdown()
+        if metrics is not None:
+            await metrics.shutdown()
     return 0
 
 

@@ -4,6 +4,7 @@ The scorer serves multilingual USE (numpy, the cheapest real encoder to load). A
 for the standard gRPC health service to report SERVING, as a Kubernetes probe would, then
 scores through ``RemoteScorerBackend`` (what a sidecar with ``backend: scorer`` builds) and
 compares with the same encoder run in this process. SIGTERM must stop it with status 0.
+Its ``/metrics`` listener (``--metrics-listen``) is scraped as Prometheus would.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ import grpc  # type: ignore[import-untyped]
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.embeddings.config import USE_MODEL
 from semhealth.embeddings.remote_scorer import RemoteScorerBackend
@@ -49,26 +53,29 @@ CONFIG = textwrap.dedent(
 class Scorer:
     process: subprocess.Popen[bytes]
     target: str  # HOST:PORT
+    metrics: str  # HOST:PORT of /metrics
     log: Path  # the process's stderr
 
     def stderr(self) -> str:
         return self.log.read_text("utf-8", errors="replace")
 
 
-def start_scorer(folder: Path) -> Scorer:
+def start_scorer(folder: Path, metrics: str | None = None) -> Scorer:
     config = folder / "semhealth.yaml"
     config.write_text(CONFIG, "utf-8")
     target = f"127.0.0.1:{free_port()}"
+    # Never the default port: two scorers run at once here, and a developer's may be up.
+    metrics = metrics or f"127.0.0.1:{free_port()}"
     log = folder / "scorer.log"
     command = [sys.executable, "-m", "semhealth.agent.cli", "scorer"]
     with log.open("wb") as stderr:
         process = subprocess.Popen(
-            [*command, "--listen", target, "--config", str(config)],
+            [*command, "--listen", target, "--metrics-listen", metrics, "--config", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
-    return Scorer(process, target, log)
+    return Scorer(process, target, metrics, log)
 
 
 def stop(scorer: Scorer) -> None:
@@ -87,6 +94,20 @@ def health(target: str) -> int | None:
             return None
     status: int = answer.status
     return status
+
+
+def scrape(scorer: Scorer) -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+    """Every sample on the scorer's ``/metrics``, or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"http://{scorer.metrics}/metrics", timeout=5.0) as answer:
+            text = answer.read().decode("utf-8")
+    except (urllib.error.URLError, ConnectionError):
+        return None
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def wait_serving(scorer: Scorer) -> list[int | None]:
@@ -154,6 +175,28 @@ async def test_remote_scores_match_the_in_process_encoder(
         await remote.aclose()
 
 
+async def test_metrics_count_the_calls_a_sidecar_makes(serving: Serving) -> None:
+    encoder = frozenset({"encoder": ENCODER}.items())
+    before = scrape(serving.scorer)
+    assert before is not None, serving.scorer.stderr()[-2000:]
+    assert before[("semhealth_scorer_encoder_up", encoder)] == 1
+    assert f"metrics on http://{serving.scorer.metrics}/metrics" in serving.scorer.stderr()
+    remote = RemoteScorerBackend(serving.scorer.target, ENCODER, timeout_s=10.0)
+    try:
+        await remote.embed(["one call", "of three", "texts"])
+    finally:
+        await remote.aclose()
+    after = scrape(serving.scorer)
+    assert after is not None
+    for name, moved in (
+        ("semhealth_scorer_requests_total", 1),
+        ("semhealth_scorer_texts_total", 3),
+    ):
+        assert after[(name, encoder)] - before[(name, encoder)] == moved
+    embed_count = ("semhealth_scorer_embed_duration_seconds_count", encoder | {("code", "OK")})
+    assert after[embed_count] - before.get(embed_count, 0.0) == 1
+
+
 def test_sigterm_stops_the_scorer_with_status_0(scorer: Scorer) -> None:
     wait_serving(scorer)
     scorer.process.send_signal(signal.SIGTERM)
@@ -162,6 +205,7 @@ def test_sigterm_stops_the_scorer_with_status_0(scorer: Scorer) -> None:
     assert time.monotonic() - started < STOP_S
     assert "Traceback" not in scorer.stderr()
     assert health(scorer.target) is None  # the port is closed, not left half-open
+    assert scrape(scorer) is None  # and so is the metrics port
 
 
 def test_sigterm_while_the_model_loads_is_a_clean_stop(scorer: Scorer) -> None:
@@ -191,3 +235,32 @@ def test_a_listen_address_that_is_not_host_port_exits_2(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "--listen 'nowhere' is not HOST:PORT" in result.stderr
+
+
+@pytest.mark.parametrize("address", ["nowhere", "9465", "on"])
+def test_a_metrics_address_that_is_not_host_port_or_off_exits_2(
+    tmp_path: Path, address: str
+) -> None:
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(CONFIG, "utf-8")
+    command = [sys.executable, "-m", "semhealth.agent.cli", "scorer", "--listen", "127.0.0.1:0"]
+    result = subprocess.run(
+        [*command, "--metrics-listen", address, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert f"--metrics-listen {address!r} is not HOST:PORT or off" in result.stderr
+
+
+def test_metrics_off_serves_grpc_alone(tmp_path: Path) -> None:
+    scorer = start_scorer(tmp_path, metrics="off")
+    try:
+        wait_serving(scorer)
+        scorer.process.send_signal(signal.SIGTERM)
+        assert scorer.process.wait(STOP_S) == 0, scorer.stderr()[-2000:]
+    finally:
+        stop(scorer)
+    assert "metrics on" not in scorer.stderr()

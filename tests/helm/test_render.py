@@ -332,9 +332,16 @@ def test_scorer_takes_a_gpu_and_is_health_checked_over_grpc(
         "0.0.0.0:50051",
         "--config",
         "/etc/semhealth/semhealth.yaml",
+        "--metrics-listen",
+        "0.0.0.0:9465",
     ]
     args = build_parser().parse_args(container["args"])
-    assert (args.command, args.listen) == ("scorer", "0.0.0.0:50051")
+    assert (args.command, args.listen, args.metrics_listen) == (
+        "scorer",
+        "0.0.0.0:50051",
+        "0.0.0.0:9465",
+    )
+    assert {"name": "metrics", "containerPort": 9465, "protocol": "TCP"} in container["ports"]
     mount = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/etc/semhealth"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount]
     assert volume["configMap"]["name"] == "obs-semhealth-scorer"
@@ -455,3 +462,27 @@ def test_pod_monitor_scrapes_the_admin_port_the_injector_adds(chart_dir: Path) -
     monitor = chart.one(items, "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["apps", "staging"]}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "sh-admin"
+
+
+def test_service_monitor_scrapes_the_scorers_metrics_port_by_default(chart_dir: Path) -> None:
+    items = chart.objects(chart.render(chart_dir, {"serviceMonitor": {"enabled": True}}))
+    monitor = chart.one(items, "ServiceMonitor")
+    (components,) = monitor["spec"]["selector"]["matchExpressions"]
+    assert components["values"] == ["scorer"]  # the injector serves no /metrics by default
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    service = chart.one(items, "Service", "obs-semhealth-scorer")
+    assert {"name": "metrics", "port": 9465, "targetPort": "metrics", "protocol": "TCP"} in (
+        service["spec"]["ports"]
+    )
+
+
+def test_scorer_metrics_port_null_turns_its_metrics_off(chart_dir: Path) -> None:
+    values = {"serviceMonitor": {"enabled": True}, "scorer": {"metricsPort": None}}
+    items = chart.objects(chart.render(chart_dir, values))
+    deployment = chart.one(items, "Deployment", "obs-semhealth-scorer")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-2:] == ["--metrics-listen", "off"]
+    assert build_parser().parse_args(container["args"]).metrics_listen == "off"
+    assert [port["name"] for port in container["ports"]] == ["grpc"]
+    assert chart.by_kind(items, "ServiceMonitor") == []

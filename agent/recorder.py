@@ -25,7 +25,7 @@ from opentelemetry.util.types import AttributeValue
 
 from semhealth.agent import metrics as m
 from semhealth.alerts.sample import Sample
-from semhealth.collectors.continuity import Continuity, intervals_s
+from semhealth.collectors import Continuity, intervals_s
 from semhealth.collectors.record import StreamRecord
 from semhealth.collectors.validity import ValidityResult
 from semhealth.embeddings.relevance import RelevanceScores

@@ -11,7 +11,7 @@ from semhealth.collectors.config import (
     Route,
     default_config,
 )
-from semhealth.collectors.continuity import Continuity, measure_continuity, quantile
+from semhealth.collectors.continuity import Continuity, intervals_s, measure_continuity, quantile
 from semhealth.collectors.frames import DecodeError, Decoder, Frame
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.json_body import JSONBodyDecoder
@@ -61,6 +61,7 @@ __all__ = [
     "default_config",
     "detect_framing",
     "extract_request",
+    "intervals_s",
     "make_decoder",
     "match_route",
     "measure_continuity",

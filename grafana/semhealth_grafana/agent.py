@@ -1,17 +1,14 @@
 """Scorer and agent: relevance scoring work, shed work, the tap, analysis, the embedding cache,
 restarts and rejected requests.
 
-``semhealth scorer`` (embeddings/scorer_service.py) exports no Prometheus metrics of its own:
-it serves gRPC ``Embed``/``Info`` and the standard health service, and keeps its counters
-(RPCs, texts, overloaded, expired, failed) in memory. So this dashboard shows what every
-sidecar exports about scoring, whichever backend (local model or shared scorer) it uses.
+The relevance rows show what every sidecar exports about scoring, whichever backend (local
+model or shared scorer) it uses; the scorer's row (``scorer.py``) shows what the shared
+``semhealth scorer`` exports about itself: its queue, batches, latency and overload.
 """
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import text
-from grafana_foundation_sdk.models import text as text_model
 
 from semhealth.agent.config import load_config
 from semhealth_grafana.common import (
@@ -30,6 +27,7 @@ from semhealth_grafana.common import (
     steps,
     variables,
 )
+from semhealth_grafana.scorer import add_scorer_row
 
 UID = "semhealth-agent"
 BY_POD = "namespace, pod"
@@ -38,14 +36,6 @@ BY_POD = "namespace, pod"
 _DEFAULTS = load_config(None, {}, {"upstream.url": "http://upstream.invalid"})
 TAP_QUEUE_SIZE = _DEFAULTS.collectors.limits.tap_queue_size
 ANALYSIS_BUDGET_S = 0.01  # CPU per stream; bench/record_cost.py: ~0.6 ms for 60 chunks
-
-NO_SCORER_METRICS = """\
-**The shared scorer.** `semhealth scorer` exports no Prometheus metrics of its own yet: it
-serves gRPC `Embed`/`Info` and `grpc.health.v1.Health`. What it does for the fleet shows here,
-as every sidecar reports it: records scored, skipped and failed, work shed when scoring falls
-behind (`stage="relevance"`), and the embedding cache in front of the encoder. A scorer that is
-overloaded answers `RESOURCE_EXHAUSTED`, which the sidecars count as shed relevance work.
-"""
 
 
 def _rate(metric: str, by: str = "", selector: str = NAMESPACE) -> str:
@@ -58,9 +48,10 @@ def build() -> dash.Dashboard:
     board = dashboard(
         UID,
         "semhealth / Scorer and agent",
-        "The sidecar at work: relevance scoring (scored, skipped, failed), work shed under "
-        "load, the tap queue, analysis time, the embedding cache, analysis restarts and "
-        "requests the proxy rejected. These metrics carry no route or model.",
+        "The sidecar at work: relevance scoring (scored, skipped, failed), the shared "
+        "scorer's queue, batches, latency and overload, work shed under load, the tap queue, "
+        "analysis time, the embedding cache, analysis restarts and requests the proxy "
+        "rejected. These metrics carry no route or model.",
     ).variables(variables(route_and_model=False))
 
     cache_ratio = (
@@ -71,14 +62,6 @@ def build() -> dash.Dashboard:
 
     board = (
         board.with_row(row("Relevance scoring"))
-        .with_panel(
-            text.Panel()
-            .title("Where the scorer's figures come from")
-            .content(NO_SCORER_METRICS)
-            .mode(text_model.TextMode.MARKDOWN)
-            .span(24)
-            .height(4)
-        )
         .with_panel(
             series(
                 "Records scored, skipped and failed",
@@ -148,6 +131,7 @@ def build() -> dash.Dashboard:
         )
     )
 
+    board = add_scorer_row(board)
     board = (
         board.with_row(row("Load and shed work"))
         .with_panel(

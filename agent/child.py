@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from semhealth.agent.cli import build_parser, run_async, stop_on_signals
+from semhealth.agent.cli import build_parser, resolve_config_file, run_async, stop_on_signals
 from semhealth.agent.config import ConfigError
 from semhealth.agent.errors import SemhealthError
 
@@ -46,7 +46,9 @@ def parse_child_args(
     rest = list(own.run_args)
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    return own, build_parser().parse_args(["run", *rest])
+    run = build_parser().parse_args(["run", *rest])
+    resolve_config_file(run)
+    return own, run
 
 
 async def watch_parent(stop: asyncio.Event, parent: int) -> None:

@@ -55,7 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the sidecar proxy in front of one upstream")
-    run.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    config_file = run.add_mutually_exclusive_group()
+    config_file.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    config_file.add_argument(
+        "--config-if-present",
+        metavar="FILE",
+        help="as --config, but a missing file means the defaults and flags (an injected "
+        "sidecar whose ConfigMap is not in its namespace still starts, and says so)",
+    )
     _add_listen_flags(run)
     run.add_argument("--upstream", metavar="URL", help="upstream base URL (overrides the file)")
     run.add_argument(
@@ -269,6 +276,7 @@ async def _serve_until_signal(
 async def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, os.environ, overrides(args))
     setup_logging(config.log.level)
+    warn_missing_config(args)
     if args.in_process:
         return await _run_in_process(args, config)
     from semhealth.agent.dataplane.forwarder import Forwarder, resolve_workers
@@ -611,9 +619,29 @@ def run_async(main: Coroutine[Any, Any, int]) -> int:
     return result
 
 
+def resolve_config_file(args: argparse.Namespace) -> None:
+    """``--config-if-present FILE`` becomes ``--config FILE`` when the file is there, and no
+    file otherwise (warned once the log is set up, by ``warn_missing_config``)."""
+    wanted = getattr(args, "config_if_present", None)
+    if wanted is not None:
+        args.config = wanted if os.path.exists(wanted) else None
+        args.config_missing = None if args.config else wanted
+
+
+def warn_missing_config(args: argparse.Namespace) -> None:
+    missing = getattr(args, "config_missing", None)
+    if missing:
+        log.warning(
+            "no configuration file at %s (is its ConfigMap in this namespace?): running on the "
+            "defaults and the command line",
+            missing,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    resolve_config_file(args)
     if args.command == "run":
         # The children re-read the same arguments (and inherit the environment).
         args.run_args = argv[argv.index("run") + 1 :]

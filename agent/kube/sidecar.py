@@ -34,7 +34,7 @@ def container(options: Options) -> dict[str, Any]:
         "command": [
             "semhealth",
             "run",
-            "--config",
+            "--config-if-present",
             f"{CONFIG_DIR}/{CONFIG_KEY}",
             "--upstream",
             f"http://127.0.0.1:{options.upstream_port}",
@@ -69,7 +69,9 @@ def container(options: Options) -> dict[str, Any]:
 
 def volumes(options: Options) -> list[dict[str, Any]]:
     return [
-        {"name": CONFIG_VOLUME, "configMap": {"name": options.config_map}},
+        # Optional: a Pod in a namespace without the ConfigMap still starts (on the defaults,
+        # with a warning) instead of waiting in ContainerCreating for it.
+        {"name": CONFIG_VOLUME, "configMap": {"name": options.config_map, "optional": True}},
         {"name": TMP_VOLUME, "emptyDir": {}},
     ]
 

@@ -98,6 +98,41 @@ async def test_run_with_only_upstream_serves_traffic_and_stops_on_sigterm() -> N
         await upstream.shutdown()
 
 
+async def test_run_with_config_if_present_starts_on_defaults_when_the_file_is_absent(
+    tmp_path: Path,
+) -> None:
+    # An injected sidecar whose ConfigMap is not in its namespace: the volume is optional,
+    # so the file is simply not there; both planes start and say why.
+    upstream = SimulatedUpstream(lambda r: Script(pieces=("hello",)))
+    await upstream.start()
+    proxy_port, admin_port = free_port(), free_port()
+    missing = tmp_path / "configmap" / "semhealth.yaml"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run",
+        "--config-if-present", str(missing),
+        "--upstream", upstream.url,
+        "--listen", f"127.0.0.1:{proxy_port}",
+        "--admin-listen", f"127.0.0.1:{admin_port}",
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_ready(f"http://127.0.0.1:{admin_port}")
+        async with aiohttp.ClientSession() as client:
+            url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+            async with client.post(url, json={"stream": True, "messages": []}) as r:
+                assert r.status == 200
+                assert '"hello"' in await r.text()
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 15)
+        assert process.returncode == 0
+        assert f"no configuration file at {missing}".encode() in err
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await upstream.shutdown()
+
+
 async def test_run_with_a_bad_config_exits_2_and_says_why(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("upstream:\n  url: ftp://example.invalid\n")

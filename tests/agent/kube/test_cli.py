@@ -72,7 +72,7 @@ def test_inject_scorer_and_configmap_flags(
     ]
     assert main(argv) == 0
     spec = yaml.safe_load(capsys.readouterr().out)["spec"]["template"]["spec"]
-    assert spec["volumes"][-2]["configMap"] == {"name": "fleet"}
+    assert spec["volumes"][-2]["configMap"] == {"name": "fleet", "optional": True}
     env = {item["name"]: item.get("value") for item in spec["containers"][-1]["env"]}
     assert "scorer.ops:50051" in env["SEMHEALTH_RELEVANCE__ENCODERS"]
 

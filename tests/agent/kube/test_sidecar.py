@@ -15,7 +15,7 @@ def test_container_is_the_documented_interface() -> None:
     assert made["name"] == "semhealth"
     assert made["image"] == "semhealth/semhealth:0.1.0"
     assert made["command"] == [
-        "semhealth", "run", "--config", "/etc/semhealth/semhealth.yaml",
+        "semhealth", "run", "--config-if-present", "/etc/semhealth/semhealth.yaml",
         "--upstream", "http://127.0.0.1:8000", "--listen", "0.0.0.0:8080",
         "--admin-listen", "0.0.0.0:9464",
     ]  # fmt: skip
@@ -48,7 +48,8 @@ def test_container_is_the_documented_interface() -> None:
 def test_volumes_mount_the_configmap_and_a_writable_tmp() -> None:
     options = read_options({"semhealth.io/config-map": "chat-semhealth"}, SETTINGS)
     assert volumes(options) == [
-        {"name": "semhealth-config", "configMap": {"name": "chat-semhealth"}},
+        # Optional: a namespace without the ConfigMap still runs the sidecar, on defaults.
+        {"name": "semhealth-config", "configMap": {"name": "chat-semhealth", "optional": True}},
         {"name": "semhealth-tmp", "emptyDir": {}},
     ]
 

@@ -63,17 +63,28 @@ OK = "OK"
 
 
 @dataclass(frozen=True, slots=True)
+class Queue:
+    """A served encoder's state now: what the gauges show."""
+
+    up: bool  # loaded and its batcher's worker alive
+    queued: int  # texts waiting in its batcher's queue
+    queue_size: int  # the queue's capacity; 0 until loaded
+
+
+@dataclass(frozen=True, slots=True)
 class EncoderStats:
-    """One served encoder's figures at one instant, as the scorer keeps them."""
+    """One encoder's figures at one instant, as the scorer keeps them.
+
+    ``queue`` is None for ``NO_ENCODER``: calls that named no served encoder have counts but
+    no queue, and a gauge of 0 there would read as an encoder that is down.
+    """
 
     encoder: str
-    up: bool  # loaded and its batcher's worker alive
     requests: int  # Embed calls received
     texts: int  # texts those calls had embedded
     overloaded_texts: int  # texts of calls answered RESOURCE_EXHAUSTED
     failed: Mapping[str, int]  # calls that ended with a non-OK gRPC status, by status name
-    queued: int  # texts waiting in its batcher's queue now
-    queue_size: int  # the queue's capacity; 0 until loaded
+    queue: Queue | None
 
 
 @dataclass(slots=True)
@@ -154,9 +165,10 @@ class _StatsCollector(Collector):
             overloaded.add_metric(name, stats.overloaded_texts)
             for code, count in sorted(stats.failed.items()):
                 failed.add_metric([stats.encoder, code], count)
-            queued.add_metric(name, stats.queued)
-            capacity.add_metric(name, stats.queue_size)
-            up.add_metric(name, 1.0 if stats.up else 0.0)
+            if stats.queue is not None:
+                queued.add_metric(name, stats.queue.queued)
+                capacity.add_metric(name, stats.queue.queue_size)
+                up.add_metric(name, 1.0 if stats.queue.up else 0.0)
         yield from (requests, texts, overloaded, failed, queued, capacity, up)
 
 

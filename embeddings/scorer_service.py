@@ -44,6 +44,7 @@ from semhealth.embeddings.scorer_metrics import (
     OK,
     EncoderStats,
     MeteredBackend,
+    Queue,
     ScorerMetrics,
 )
 
@@ -221,9 +222,7 @@ class ScorerServer:
         state = self._state
         rows = [_encoder_stats(name, served, state) for name, served in state.encoders.items()]
         unmatched = state.unmatched
-        rows.append(
-            EncoderStats(NO_ENCODER, False, unmatched.rpcs, 0, 0, dict(unmatched.codes), 0, 0)
-        )
+        rows.append(EncoderStats(NO_ENCODER, unmatched.rpcs, 0, 0, dict(unmatched.codes), None))
         return rows
 
 
@@ -234,13 +233,11 @@ def _encoder_stats(name: str, served: _Served, state: _State) -> EncoderStats:
     up = batcher is not None and state.load_error is None and not served.worker_failed
     return EncoderStats(
         encoder=name,
-        up=up,
         requests=counters.rpcs,
         texts=counters.texts,
         overloaded_texts=counters.overloaded_texts,
         failed=dict(counters.codes),
-        queued=queued,
-        queue_size=queue_size,
+        queue=Queue(up=up, queued=queued, queue_size=queue_size),
     )
 
 

@@ -26,7 +26,8 @@ from semhealth.embeddings.scorer_metrics import (
     MetricsServer,
 )
 from semhealth.embeddings.scorer_service import ScorerServer, ServedEncoder, serve_scorer
-from tests.embeddings.wrappers import Gated, Recording
+from tests.embeddings.test_scorer_service import WorkerKiller
+from tests.embeddings.wrappers import Failing, Gated, Recording
 from tests.servers import free_port
 
 ENCODER = "minilm"
@@ -87,6 +88,11 @@ def failed(samples: Samples, code: str, encoder: str = ENCODER) -> float:
     return samples.get(("semhealth_scorer_failed_requests_total", key), 0.0)
 
 
+def queued(server: ScorerServer) -> int:
+    queue = server.encoder_stats()[0].queue
+    return queue.queued if queue is not None else 0
+
+
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():  # noqa: ASYNC110
@@ -145,7 +151,7 @@ async def test_a_full_queue_counts_the_rejected_texts(minilm: LocalBackend) -> N
                 first = asyncio.create_task(client.embed([f"first {i}" for i in range(4)]))
                 await gated.entered.wait()  # the worker holds these four
                 second = asyncio.create_task(client.embed([f"second {i}" for i in range(4)]))
-                await until(lambda: server.encoder_stats()[0].queued == 4)  # these fill it
+                await until(lambda: queued(server) == 4)  # these fill it
                 with pytest.raises(Overloaded):
                     await client.embed(["one too many", "and another"])
                 full = await scrape(metrics)
@@ -197,6 +203,11 @@ async def test_an_unknown_encoder_is_counted_without_its_name(minilm: LocalBacke
     assert value(samples, "semhealth_scorer_requests_total") == 0
     labels = {label for _, pairs in samples for _, label in pairs}
     assert "chosen-by-a-client" not in labels
+    # No queue behind it: an up gauge of 0 would read as an encoder that is down.
+    up = {
+        dict(pairs)["encoder"] for name, pairs in samples if name == "semhealth_scorer_encoder_up"
+    }
+    assert up == {ENCODER}
 
 
 async def test_an_encoder_is_down_until_its_model_loads(minilm: LocalBackend) -> None:
@@ -217,6 +228,17 @@ async def test_an_encoder_is_down_until_its_model_loads(minilm: LocalBackend) ->
     assert value(loading, "semhealth_scorer_encoder_up") == 0
     assert value(loading, "semhealth_scorer_queue_capacity_texts") == 0
     assert value(ready, "semhealth_scorer_encoder_up") == 1
+
+
+async def test_an_encoder_whose_worker_died_is_down(minilm: LocalBackend) -> None:
+    async with scraped_scorer(lambda: Failing(minilm, WorkerKiller())) as (server, metrics):
+        await server.wait_ready()
+        async with client_of(server) as client:
+            with pytest.raises(BackendError, match="INTERNAL"):
+                await client.embed(["ends the worker"])
+        samples = await scrape(metrics)
+    assert value(samples, "semhealth_scorer_encoder_up") == 0
+    assert failed(samples, "INTERNAL") == 1
 
 
 # -- the instruments and the listener --------------------------------------------------------

@@ -75,8 +75,9 @@ class Queue:
 class EncoderStats:
     """One encoder's figures at one instant, as the scorer keeps them.
 
-    ``queue`` is None for ``NO_ENCODER``: calls that named no served encoder have counts but
-    no queue, and a gauge of 0 there would read as an encoder that is down.
+    ``queue`` is None for ``NO_ENCODER``: calls that named no served encoder have calls and
+    failures but no texts or queue, and a gauge of 0 there would read as an encoder that is
+    down.
     """
 
     encoder: str
@@ -161,11 +162,11 @@ class _StatsCollector(Collector):
         for stats in snapshot:
             name = [stats.encoder]
             requests.add_metric(name, stats.requests)
-            texts.add_metric(name, stats.texts)
-            overloaded.add_metric(name, stats.overloaded_texts)
             for code, count in sorted(stats.failed.items()):
                 failed.add_metric([stats.encoder, code], count)
-            if stats.queue is not None:
+            if stats.queue is not None:  # a served encoder: texts reach its queue
+                texts.add_metric(name, stats.texts)
+                overloaded.add_metric(name, stats.overloaded_texts)
                 queued.add_metric(name, stats.queue.queued)
                 capacity.add_metric(name, stats.queue.queue_size)
                 up.add_metric(name, 1.0 if stats.queue.up else 0.0)

@@ -1,6 +1,6 @@
 """The tap wire: copies of the relay's traffic, framed and sent to the analysis process
-over a Unix socket in batches (every 50 ms, or at once when 64 KiB are waiting), never
-awaited.
+over a Unix socket in batches (every 50 ms, or at the end of the loop iteration once 4 KiB
+are waiting), never awaited.
 
 A frame is a fixed header, ``<BIQI``: kind, stream id, monotonic ns, payload length, then
 the payload. ``OPEN`` carries the exchange's facts (JSON) and the request body copy,
@@ -39,8 +39,8 @@ OPEN, DATA, CLOSE, STATS = 1, 2, 3, 4
 _META = struct.Struct("<I")
 _MAX_PAYLOAD = 64 * 1024 * 1024  # a frame longer than this means the stream is corrupt
 _RECONNECT_S = (0.05, 2.0)  # first and longest wait between connection attempts
-FLUSH_S = 0.05  # the longest a copy waits in the forwarder before it is sent
-FLUSH_BYTES = 64 * 1024  # a batch this large is sent at once
+FLUSH_S = 0.05  # the longest a trickle of copies waits in the forwarder before it is sent
+FLUSH_BYTES = 4 * 1024  # this much waiting goes at the end of the loop iteration
 
 
 @dataclass(slots=True)
@@ -167,6 +167,7 @@ class WireTap:
         self.stats = ForwarderStats(worker=worker, pid=os.getpid())
         self._buf = bytearray()
         self._flush_timer: asyncio.TimerHandle | None = None
+        self._flush_soon = False  # a flush is queued for the end of this loop iteration
         self._transport: asyncio.WriteTransport | None = None
         self._generation = 0  # bumped on every reconnect: older streams are lost
         self._streams: dict[int, _WireStream] = {}
@@ -234,19 +235,28 @@ class WireTap:
 
     def _schedule_flush(self) -> None:
         # Copies carry their arrival times, so when analysis gets them changes no signal.
-        # Waiting up to FLUSH_S turns a write (and a wake-up of the analysis process) per
-        # chunk into one per batch when streams are few; a full batch goes at once.
+        # A trickle (a few streams) waits up to FLUSH_S: one write, and one wake-up of the
+        # analysis process, per batch instead of per chunk (at one stream that halved the
+        # analysis process's CPU). Once FLUSH_BYTES wait, they go at the end of this loop
+        # iteration, so analysis never wakes to one large burst on the cores forwarding
+        # shares. Between 64 KiB batches, 4 KiB and flushing every iteration, 50-stream
+        # chunk latency differed by less than the runs' own noise (bench/proxy_overhead.py).
+        loop = self._loop or asyncio.get_running_loop()
         if len(self._buf) >= FLUSH_BYTES:
-            if self._flush_timer is not None:
-                self._flush_timer.cancel()
-                self._flush_timer = None
-            self._flush()
-        elif self._flush_timer is None:
-            loop = self._loop or asyncio.get_running_loop()
+            if not self._flush_soon:
+                self._flush_soon = True
+                if self._flush_timer is not None:
+                    self._flush_timer.cancel()
+                    self._flush_timer = None
+                loop.call_soon(self._flush)
+        elif self._flush_timer is None and not self._flush_soon:
             self._flush_timer = loop.call_later(FLUSH_S, self._flush)
 
     def _flush(self) -> None:
-        self._flush_timer = None
+        self._flush_soon = False
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         transport = self._transport
         if transport is None or not self._buf:
             self._buf.clear()

@@ -400,7 +400,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
 
 
 async def _scorer(args: argparse.Namespace) -> int:
-    from semhealth.embeddings.scorer_metrics import MetricsServer
+    from semhealth.embeddings import MetricsServer
     from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
 
     relevance = load_relevance(args.config, os.environ)

@@ -64,11 +64,13 @@ if TYPE_CHECKING:
     from semhealth.embeddings.remote_scorer import RemoteScorerBackend
     from semhealth.embeddings.remote_tei import TEIBackend
     from semhealth.embeddings.routing import RoutingScorer, has_cjk
+    from semhealth.embeddings.scorer_metrics import MetricsServer
     from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
     from semhealth.embeddings.use import UseBackend
 
 # Public names imported on first use, and the module each comes from.
 _LAZY = {
+    "MetricsServer": "scorer_metrics",
     "Backend": "backend",
     "BatcherStats": "batcher",
     "Cache": "cache",
@@ -136,6 +138,7 @@ __all__ = [
     "EncoderChoice",
     "Local",
     "LocalBackend",
+    "MetricsServer",
     "MicroBatcher",
     "ModelLoadError",
     "OpenAICompatibleBackend",

@@ -36,7 +36,7 @@ SURFACE = {
         "SniffingAdapter", "TGIAdapter", "detect_provider", "make_adapter",
     },
     "semhealth.embeddings": {
-        "available_cpus", "Backend", "BackendError", "BatcherStats", "Batching", "Cache", "CacheStats",
+        "available_cpus", "Backend", "MetricsServer", "BackendError", "BatcherStats", "Batching", "Cache", "CacheStats",
         "Calibration", "Closed", "Config", "ConfigIssue", "Embedder", "EmbeddingError", "Encoder",
         "Local", "LocalBackend", "MicroBatcher", "ModelLoadError", "OpenAICompatibleBackend",
         "Overloaded", "RelevanceScorer", "RelevanceScores", "RemoteScorerBackend", "TEIBackend",

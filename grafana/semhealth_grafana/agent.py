@@ -20,6 +20,8 @@ from semhealth_grafana.common import (
     alert,
     any_is_bad,
     dashboard,
+    quantile_query,
+    rate_query,
     row,
     runbook,
     series,
@@ -39,8 +41,7 @@ ANALYSIS_BUDGET_S = 0.01  # CPU per stream; bench/record_cost.py: ~0.6 ms for 60
 
 
 def _rate(metric: str, by: str = "", selector: str = NAMESPACE) -> str:
-    group = f"sum by ({by}) " if by else "sum"
-    return f"{group}(rate({metric}{{{selector}}}[{RATE}]))"
+    return rate_query(metric, selector, by)
 
 
 def build() -> dash.Dashboard:
@@ -188,8 +189,7 @@ def build() -> dash.Dashboard:
 
     analysis_quantiles = [
         (
-            f"histogram_quantile({q}, sum by (le) "
-            f"(rate(semhealth_analysis_duration_seconds_bucket{{{NAMESPACE}}}[{RATE}])))",
+            quantile_query(q, "semhealth_analysis_duration_seconds", NAMESPACE),
             f"P{round(q * 100)}",
         )
         for q in (0.5, 0.95, 0.99)

@@ -52,6 +52,21 @@ class AlertRef:
     runbook_url: str
 
 
+def rate_query(metric: str, selector: str, by: str = "", window: str = RATE) -> str:
+    """The per-second rate of a counter, summed (by ``by`` when given)."""
+    group = f"sum by ({by}) " if by else "sum"
+    return f"{group}(rate({metric}{{{selector}}}[{window}]))"
+
+
+def quantile_query(q: float, metric: str, selector: str, by: str = "", window: str = RATE) -> str:
+    """Quantile ``q`` of a histogram, over its buckets' rates summed by ``le`` (and ``by``)."""
+    labels = f"le, {by}" if by else "le"
+    return (
+        f"histogram_quantile({q}, sum by ({labels}) "
+        f"(rate({metric}_bucket{{{selector}}}[{window}])))"
+    )
+
+
 def _duration(seconds: float) -> str:
     if seconds % 60 == 0:
         return f"{int(seconds // 60)}m"

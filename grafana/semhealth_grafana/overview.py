@@ -18,6 +18,7 @@ from semhealth_grafana.common import (
     any_is_bad,
     below_is_bad,
     dashboard,
+    quantile_query,
     row,
     runbook,
     scalar_threshold,
@@ -31,11 +32,7 @@ UID = "semhealth-overview"
 
 
 def _quantile(q: float, metric: str, window: str, by: str = "route, model") -> str:
-    labels = f"le, {by}" if by else "le"
-    return (
-        f"histogram_quantile({q}, sum by ({labels}) "
-        f"(rate({metric}_bucket{{{SEMANTIC}}}[{window}])))"
-    )
+    return quantile_query(q, metric, SEMANTIC, by, window)
 
 
 def _validity(window: str, by: str = "") -> str:

@@ -15,9 +15,10 @@ from semhealth_grafana.common import (
     GREEN,
     NAMESPACE,
     ORANGE,
-    RATE,
     RED,
     any_is_bad,
+    quantile_query,
+    rate_query,
     row,
     series,
     steps,
@@ -31,14 +32,11 @@ DEADLINE_S = Remote().timeout_s
 
 
 def _rate(metric: str, by: str = BY_ENCODER, selector: str = NAMESPACE) -> str:
-    return f"sum by ({by}) (rate({metric}{{{selector}}}[{RATE}]))"
+    return rate_query(metric, selector, by)
 
 
 def _quantile(q: float, metric: str, selector: str = NAMESPACE) -> str:
-    return (
-        f"histogram_quantile({q}, sum by (le, {BY_ENCODER}) "
-        f"(rate({metric}_bucket{{{selector}}}[{RATE}])))"
-    )
+    return quantile_query(q, metric, selector, BY_ENCODER)
 
 
 def add_scorer_row(board: dash.Dashboard) -> dash.Dashboard:

@@ -18,6 +18,7 @@ from semhealth_grafana.common import (
     alert,
     any_is_bad,
     dashboard,
+    quantile_query,
     row,
     runbook,
     scalar_threshold,
@@ -32,8 +33,7 @@ UID = "semhealth-streams"
 def _quantiles(metric: str, selector: str, window: str, *qs: float) -> list[tuple[str, str]]:
     return [
         (
-            f"histogram_quantile({q}, sum by (le, prompt_class) "
-            f"(rate({metric}_bucket{{{selector}}}[{window}])))",
+            quantile_query(q, metric, selector, "prompt_class", window),
             f"P{round(q * 100)} {{{{prompt_class}}}}",
         )
         for q in qs

@@ -130,10 +130,14 @@ async def test_firing_and_resolving_are_logged_once_each_with_numbers_only(
         await stage.shutdown()
 
 
-async def test_shutdown_is_safe_without_start_and_twice() -> None:
+async def test_shutdown_is_safe_without_start_and_twice_and_then_final() -> None:
     stage = _stage()
+    stage.observe(_sample(0.1))
     await stage.shutdown()
     await stage.shutdown()
+    assert stage.active() == []  # nothing was evaluated, so nothing fires
+    with pytest.raises(RuntimeError, match="cannot start again"):
+        await stage.start(generator_url="http://127.0.0.1:9464/alerts")
 
 
 async def test_a_stage_that_shut_down_refuses_to_start_and_a_fresh_one_starts() -> None:

@@ -242,11 +242,21 @@ async def test_shutdown_without_start_is_a_no_op() -> None:
     assert tap.stats.records == 0
 
 
-async def test_shutdown_twice_is_safe() -> None:
-    tap = Tap(_config(), lambda record: None)
+async def test_shutdown_twice_drains_once_and_sheds_what_comes_after() -> None:
+    sink = _Sink()
+    tap = Tap(_config(), sink)
     await tap.start()
+    stream = tap.open_stream(_exchange())
+    _send(stream, "one", "two")
+    _close(stream)
     await tap.shutdown()
     await tap.shutdown()
+    assert [r.output_text for r in sink.records] == ["onetwo"]
+    late = tap.open_stream(_exchange())
+    _send(late, "three")
+    assert late.shed
+    assert tap.stats.streams_shed == 1
+    assert len(sink.records) == 1
 
 
 async def test_shutdown_drains_queued_streams() -> None:

@@ -264,15 +264,24 @@ HANG = -1  # a scripted answer: accept the request and never answer it
 
 class ScriptedAlertmanager(_LoopbackServer):
     """Answers ``POST <prefix>/api/v2/alerts`` with ``script(n)`` for the n-th request
-    (1-based): an HTTP status, or ``HANG``. Records every request in ``received``."""
+    (1-based): an HTTP status, or ``HANG``. Records every request in ``received``.
 
-    def __init__(self, script: Callable[[int], int], prefix: str = "") -> None:
+    With ``forward_to`` (a real Alertmanager's URL), a request scripted 200 is passed on
+    as it came and answered with what Alertmanager answered (kept in ``answers``): so the
+    wire form is judged by Alertmanager's own API validation, not by this stand-in.
+    """
+
+    def __init__(
+        self, script: Callable[[int], int], prefix: str = "", forward_to: str | None = None
+    ) -> None:
         app = web.Application()
         app.router.add_post(f"{prefix}/api/v2/alerts", self._alerts)
         super().__init__(app)
         self.prefix = prefix
         self.received: list[Received] = []
         self._script = script
+        self._forward_to = forward_to
+        self.answers: list[tuple[int, str]] = []  # Alertmanager's (status, body) per forward
         self._release = asyncio.Event()
         self._arrived = asyncio.Condition()
 
@@ -285,15 +294,33 @@ class ScriptedAlertmanager(_LoopbackServer):
         return [alert for request in self.received for alert in request.alerts]
 
     async def _alerts(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read())
+        raw = await request.read()
+        body = orjson.loads(raw)
+        status = self._script(len(self.received) + 1)
+        if status == 200 and self._forward_to is not None:
+            status, text = await self._forward(raw, request.headers.get("Content-Type", ""))
+        else:
+            text = f"scripted answer {status}"
         async with self._arrived:
             self.received.append(Received(request.path, dict(request.headers), body))
             self._arrived.notify_all()
-        status = self._script(len(self.received))
         if status == HANG:
             await self._release.wait()
             return web.Response(status=503)
-        return web.Response(status=status, text=f"scripted answer {status}")
+        return web.Response(status=status, text=text)
+
+    async def _forward(self, raw: bytes, content_type: str) -> tuple[int, str]:
+        assert self._forward_to is not None
+        timeout = aiohttp.ClientTimeout(total=5.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.post(
+                f"{self._forward_to}/api/v2/alerts",
+                data=raw,
+                headers={"Content-Type": content_type},
+            ) as response:
+                answer = (response.status, await response.text())
+        self.answers.append(answer)
+        return answer
 
     async def wait_for_requests(self, count: int, timeout_s: float = 5.0) -> list[Received]:
         async with asyncio.timeout(timeout_s):

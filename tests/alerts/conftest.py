@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.alerts.alertmanager_server import (
+    AlertmanagerServer,
     ScriptedAlertmanager,
     ScriptedFactory,
+    always,
 )
 
 
@@ -29,3 +31,15 @@ async def scripted() -> AsyncIterator[ScriptedFactory]:
     finally:
         for server in servers:
             await server.stop()
+
+
+@pytest.fixture
+async def relayed(alertmanager: AlertmanagerServer) -> AsyncIterator[ScriptedAlertmanager]:
+    """A recording stand-in in front of a real Alertmanager: every POST is kept (so tests see
+    the requests as sent) and passed on, and Alertmanager's answer is the answer."""
+    server = ScriptedAlertmanager(always(200), forward_to=alertmanager.url)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -1,4 +1,4 @@
-"""Delivery to Alertmanager: a real one paging a loopback webhook, and scripted loopback
+"""Delivery to Alertmanager: a real one paging a loopback webhook, scripted loopback
 stand-ins that refuse, fail, or hang (Prometheus' notifier tests, TestHangingNotifier)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from semhealth.alerts.model import Alert, State
 from tests.alerts.alertmanager_server import (
     HANG,
     AlertmanagerServer,
+    ScriptedAlertmanager,
     ScriptedFactory,
     WebhookReceiver,
     alert_in,
@@ -227,18 +228,19 @@ async def test_shutdown_keeps_its_deadline_with_a_hanging_alertmanager(
     assert (stats.sent, stats.dropped, stats.queue_length) == (0, 1, 0)
 
 
-async def test_shutdown_delivers_what_is_queued(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_shutdown_delivers_what_is_queued(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     notifier = Notifier([server.base_url], settings=FAST)
     await notifier.start()
     notifier.send([firing("A"), firing("B")])
     await notifier.shutdown(timeout_s=5.0)
     assert [a["labels"]["alertname"] for a in server.alerts] == ["A", "B"]
     assert notifier.stats()[0].sent == 2
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-async def test_full_queue_drops_the_oldest_and_counts_them(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_full_queue_drops_the_oldest_and_counts_them(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     notifier = Notifier([server.base_url], settings=replace(FAST, queue_size=3))
     notifier.send([firing(f"A{i}") for i in range(2)])
     notifier.send([firing(f"A{i}") for i in range(2, 5)])
@@ -247,6 +249,7 @@ async def test_full_queue_drops_the_oldest_and_counts_them(scripted: ScriptedFac
     await eventually(notifier, sent(3))
     await notifier.shutdown(2.0)
     assert [a["labels"]["alertname"] for a in server.alerts] == ["A2", "A3", "A4"]
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
 async def test_send_larger_than_the_queue_keeps_the_newest() -> None:
@@ -310,37 +313,40 @@ async def test_no_retry_starts_after_the_retry_window(scripted: ScriptedFactory)
     assert len(server.received) == 1
 
 
-async def test_batches_hold_at_most_max_batch_alerts(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_batches_hold_at_most_max_batch_alerts(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     async with running([server.base_url], max_batch=2) as notifier:
         notifier.send([firing(f"A{i}") for i in range(5)])
         await eventually(notifier, sent(5))
     assert [len(request.alerts) for request in server.received] == [2, 2, 1]
     assert [a["labels"]["alertname"] for a in server.alerts] == [f"A{i}" for i in range(5)]
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-# -- the wire form ------------------------------------------------------------------------------
+# -- the wire form, as a real Alertmanager accepts it (a recording stand-in in front) -------
 
 
-async def test_alert_labels_win_over_external_labels(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_alert_labels_win_over_external_labels(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     async with running([server.base_url]) as notifier:
         notifier.send([firing("A", namespace="from-rule")])
         await eventually(notifier, sent(1))
     labels = server.alerts[0]["labels"]
     assert (labels["namespace"], labels["pod"]) == ("from-rule", "semhealth-0")
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-async def test_empty_external_labels_are_left_out(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_empty_external_labels_are_left_out(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     async with running([server.base_url], external_labels={"pod": "", "namespace": "ml"}) as n:
         n.send([firing("A")])
         await eventually(n, sent(1))
     assert "pod" not in server.alerts[0]["labels"]
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-async def test_wire_times_are_rfc3339_utc_with_milliseconds(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_wire_times_are_rfc3339_utc_with_milliseconds(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     alert = replace(firing("A"), fired_at=1_700_000_000.25, ends_at=1_700_000_240.5)
     async with running([server.base_url]) as notifier:
         notifier.send([alert])
@@ -350,10 +356,11 @@ async def test_wire_times_are_rfc3339_utc_with_milliseconds(scripted: ScriptedFa
         "2023-11-14T22:13:20.250Z",
         "2023-11-14T22:17:20.500Z",
     )
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-async def test_alert_without_fired_at_starts_at_active_at(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_alert_without_fired_at_starts_at_active_at(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     alert = replace(firing("A"), active_at=1_700_000_000.0, fired_at=None, ends_at=None)
     async with running([server.base_url], generator_url="") as notifier:
         notifier.send([alert])
@@ -362,35 +369,39 @@ async def test_alert_without_fired_at_starts_at_active_at(scripted: ScriptedFact
     assert wire["startsAt"] == "2023-11-14T22:13:20.000Z"
     assert "endsAt" not in wire
     assert "generatorURL" not in wire
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-async def test_alertname_defaults_to_the_rule(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_alertname_defaults_to_the_rule(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     async with running([server.base_url]) as notifier:
         notifier.send([replace(firing("A"), labels={"severity": "page"})])
         await eventually(notifier, sent(1))
     assert server.alerts[0]["labels"]["alertname"] == "A"
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
-async def test_pending_and_inactive_alerts_are_not_sent(scripted: ScriptedFactory) -> None:
-    server = await scripted(always(OK))
+async def test_pending_and_inactive_alerts_are_not_sent(relayed: ScriptedAlertmanager) -> None:
+    server = relayed
     async with running([server.base_url]) as notifier:
         notifier.send(
             [in_state(firing("P"), "pending"), in_state(firing("I"), "inactive"), firing("F")]
         )
         await eventually(notifier, sent(1))
     assert [a["labels"]["alertname"] for a in server.alerts] == ["F"]
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
 async def test_alert_with_an_unwritable_time_is_dropped_and_counted(
-    scripted: ScriptedFactory,
+    relayed: ScriptedAlertmanager,
 ) -> None:
-    server = await scripted(always(OK))
+    server = relayed
     async with running([server.base_url]) as notifier:
         notifier.send([replace(firing("Bad"), ends_at=float("inf")), firing("Good")])
         stats = await eventually(notifier, sent(1))
     assert stats[0].dropped == 1
     assert [a["labels"]["alertname"] for a in server.alerts] == ["Good"]
+    assert server.answers and {status for status, _ in server.answers} == {200}, server.answers
 
 
 @given(st.floats(min_value=0, max_value=253_402_300_799, allow_nan=False))

@@ -54,9 +54,10 @@ REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 TOKEN_TYPE = "gen_ai.token.type"
 ERROR = "error.type"
+SOURCE = "source"  # proxy | otlp: which tap built the record
 
-_SEMANTIC = (ROUTE, MODEL, PROVIDER, PROMPT_CLASS)
-_GEN_AI = (OPERATION, GEN_AI_PROVIDER, REQUEST_MODEL, RESPONSE_MODEL, ROUTE, PROMPT_CLASS)
+_SEMANTIC = (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, SOURCE)
+_GEN_AI = (OPERATION, GEN_AI_PROVIDER, REQUEST_MODEL, RESPONSE_MODEL, ROUTE, PROMPT_CLASS, SOURCE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,7 @@ class Recorder:
             m.MODEL: self.guard.fold(m.MODEL, record.model),
             m.PROVIDER: record.provider,
             m.PROMPT_CLASS: record.prompt_class,
+            m.SOURCE: record.source,
         }
 
     def _emit(self, signal: str, value: float, labels: Mapping[str, AttributeValue]) -> None:
@@ -192,6 +193,7 @@ class Recorder:
             m.RESPONSE_MODEL: model,
             m.ROUTE: route,
             m.PROMPT_CLASS: record.prompt_class,
+            m.SOURCE: record.source,
         }
         failure = error_type(record)
         self._c["semantic_health_requests"].add(

@@ -1,6 +1,6 @@
 """Bytes -> frames -> events -> one ``StreamRecord`` per exchange. Sans-IO: no asyncio here."""
 
-from semhealth.collectors.collector import Exchange, StreamCollector, match_route
+from semhealth.collectors.collector import Exchange, StreamCollector, check_record, match_route
 from semhealth.collectors.config import (
     FRAMINGS,
     PROVIDERS,
@@ -24,6 +24,7 @@ from semhealth.collectors.record import (
     StreamState,
     StructureRequest,
     ToolCall,
+    TraceRef,
     Usage,
 )
 from semhealth.collectors.request import extract_request, validate_jsonpath
@@ -55,9 +56,11 @@ __all__ = [
     "StreamState",
     "StructureRequest",
     "ToolCall",
+    "TraceRef",
     "Usage",
     "ValidityResult",
     "check_output",
+    "check_record",
     "default_config",
     "detect_framing",
     "extract_request",

@@ -80,6 +80,21 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceRef:
+    """The span a record judges: W3C trace and span ids as lowercase hex (32 and 16 digits).
+
+    From a request's ``traceparent`` header (the client's span) or from the OTLP span the
+    record was built from. Evaluation results are parented to it; it is never a label.
+    """
+
+    trace_id: str
+    span_id: str
+
+
+SOURCES = ("proxy", "otlp")
+
+
+@dataclass(frozen=True, slots=True)
 class StreamRecord:
     """Everything semhealth knows about one request/response, once it has ended."""
 
@@ -110,6 +125,12 @@ class StreamRecord:
     malformed_frames: int = 0
     decode_errors: tuple[str, ...] = ()
     response_bytes: int = 0
+    # Where the record came from: "proxy" (the tap; every *_ns from one monotonic clock) or
+    # "otlp" (a GenAI span; *_ns are the span's Unix-epoch times, and what the span did not
+    # record, such as per-chunk arrivals, is absent rather than invented).
+    source: str = "proxy"
+    trace: TraceRef | None = None
+    response_id: str | None = None  # the provider's id for the response, where it gave one
     # Filled by check_record. None: the stream's timing says nothing about the model (the
     # client went away, the tap shed chunks); its index is None with fewer than two deltas.
     continuity: Continuity | None = None

@@ -397,6 +397,7 @@ def test_named_series_match_prometheus_by_hand(pushed: Pushed) -> None:
         "gen_ai_response_model": "gpt-4o",
         "prompt_class": "short",
         "route": "chat_completions",
+        "source": "proxy",
     }
     ttft = _total(pushed.values, "gen_ai.server.time_to_first_token")
     prom = pushed.prometheus
@@ -412,6 +413,7 @@ def test_named_series_match_prometheus_by_hand(pushed: Pushed) -> None:
             "provider": "openai_chat",
             "result": "valid",
             "route": "chat_completions",
+            "source": "proxy",
         }.items()
     )
     assert prom[("semantic_health_outputs_total", valid)] == 1

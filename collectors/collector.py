@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from semhealth.collectors.config import Config, Extract, Route
 from semhealth.collectors.continuity import Continuity, continuity_of
 from semhealth.collectors.frames import Decoder
 from semhealth.collectors.framing import detect_framing, make_decoder
-from semhealth.collectors.record import RequestFacts, StreamRecord, StreamState, Usage
+from semhealth.collectors.record import RequestFacts, StreamRecord, StreamState, TraceRef, Usage
 from semhealth.collectors.request import extract_request
 from semhealth.collectors.validity import SchemaCache, validate_record
 
@@ -53,6 +54,37 @@ class Exchange:
     request_body: bytes | None  # None when the body was not copied for analysis
     request_skip: str | None = None  # why request_body is None: "oversized", ...
     ratelimit_source: str | None = None
+    # The request's W3C ``traceparent`` header as sent, unparsed: the relay only copies it
+    # (one header lookup per exchange); ``parse_traceparent`` judges it in analysis.
+    traceparent: str | None = None
+
+
+# W3C Trace Context, version-format: lowercase hex only. Version 00 is exactly these four
+# fields; a later version may append fields after a "-", which a version-00 parser ignores.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.S)
+_ZERO_TRACE_ID = "0" * 32
+_ZERO_SPAN_ID = "0" * 16
+_MAX_TRACEPARENT = 512  # far above any real header; a longer value is not parsed at all
+
+
+def parse_traceparent(value: str | None) -> TraceRef | None:
+    """The span a W3C ``traceparent`` header names, or None when it names none.
+
+    None for: no header; a value that is not ``version-traceid-parentid-flags`` in lowercase
+    hex; version ``ff`` (invalid by the spec); version ``00`` with anything after the flags;
+    an all-zero trace id or span id. Never raises.
+    """
+    if value is None or len(value) > _MAX_TRACEPARENT:
+        return None
+    match = _TRACEPARENT.fullmatch(value.strip(" \t"))
+    if match is None:
+        return None
+    version, trace_id, span_id, _flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest is not None):
+        return None
+    if trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID:
+        return None
+    return TraceRef(trace_id=trace_id, span_id=span_id)
 
 
 def match_route(routes: Iterable[Route], path: str) -> Route | None:
@@ -214,6 +246,7 @@ class StreamCollector:
             malformed_frames=state.malformed,
             decode_errors=tuple(errors),
             response_bytes=self._wire_bytes,
+            trace=parse_traceparent(exchange.traceparent),
             continuity=_continuity(
                 delta_ns,
                 ttft_s,

@@ -1083,6 +1083,8 @@ class Relay:
             request_body=None if request.body_copy is None else b"".join(request.body_copy),
             request_skip="oversized" if oversized else None,
             ratelimit_source=ratelimit_source,
+            # Copied, not parsed: analysis judges it. Once per exchange, never per chunk.
+            traceparent=_header(request.headers, b"traceparent"),
         )
         return tap.open_stream(exchange)
 

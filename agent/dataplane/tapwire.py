@@ -3,9 +3,10 @@ over a Unix socket in batches (every 50 ms, or at the end of the loop iteration 
 are waiting), never awaited.
 
 A frame is a fixed header, ``<BIQI``: kind, stream id, monotonic ns, payload length, then
-the payload. ``OPEN`` carries the exchange's facts (JSON) and the request body copy,
-``DATA`` a body chunk as it arrived, ``CLOSE`` the outcome, ``STATS`` the forwarder's own
-counters (absolute values, so a restarted analysis process picks them up whole).
+the payload. ``OPEN`` carries the exchange's facts (JSON; keys added since are optional, so
+neighbouring versions of the two ends read each other) and the request body copy, ``DATA`` a
+body chunk as it arrived, ``CLOSE`` the outcome, ``STATS`` the forwarder's own counters
+(absolute values, so a restarted analysis process picks them up whole).
 
 The forwarder's side keeps the bytes it has not yet handed to the kernel under a budget:
 past it, data frames are shed and counted (``dropped{stage="tap"}``) and the stream is
@@ -75,6 +76,7 @@ def encode_open(stream_id: int, exchange: Exchange) -> bytes:
             "request_skip": exchange.request_skip,
             "ratelimit_source": exchange.ratelimit_source,
             "has_body": exchange.request_body is not None,
+            **_optional(exchange),
         }
     )
     body = exchange.request_body or b""
@@ -98,7 +100,15 @@ def decode_open(start_ns: int, payload: bytes) -> Exchange:
         request_body=payload[end:] if meta["has_body"] else None,
         request_skip=meta["request_skip"],
         ratelimit_source=meta["ratelimit_source"],
+        traceparent=meta.get("traceparent"),
     )
+
+
+def _optional(exchange: Exchange) -> dict[str, str]:
+    """Keys an OPEN frame carries only when set. The meta is a JSON object read by key, so a
+    key added here is ignored by an older reader and absent keys read as None by a newer one:
+    forwarders and analysis of neighbouring versions still understand each other."""
+    return {} if exchange.traceparent is None else {"traceparent": exchange.traceparent}
 
 
 def encode_close(stream_id: int, outcome: Outcome, shed: bool) -> bytes:

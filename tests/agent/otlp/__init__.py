@@ -1,0 +1,1 @@
+"""Tests of the OTLP tap: GenAI telemetry in, records out."""

@@ -1,4 +1,4 @@
-"""Delivery to Alertmanager: a real one paging a loopback webhook, scripted loopback
+"""Delivery to Alertmanager: a real one paging a loopback webhook; scripted loopback
 stand-ins that refuse, fail, or hang (Prometheus' notifier tests, TestHangingNotifier)."""
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ connections, not by bytes.
 
 One worker task drains the queue, drives a sans-IO ``StreamCollector`` per
 stream and hands each finished ``StreamRecord`` to ``consume_record``.
+
+A ``Tee`` (``semhealth run --record``) gets exactly what the collector got: the
+exchange, each chunk with its arrival time, and how it closed, so a replay of it
+builds the same record.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from semhealth.agent.dataplane.sink import Outcome
 from semhealth.collectors.collector import Exchange, StreamCollector
@@ -30,6 +35,25 @@ from semhealth.collectors.record import StreamRecord
 log = logging.getLogger(__name__)
 
 ConsumeRecord = Callable[[StreamRecord], None]
+
+
+class Tee(Protocol):
+    """Receives a copy of each exchange the collectors analysed (``--record``)."""
+
+    @property
+    def max_exchange_bytes(self) -> int:
+        """Body bytes kept per exchange; later chunks are only counted."""
+
+    def capture(
+        self,
+        exchange: Exchange,
+        chunks: list[tuple[int, bytes]],
+        elided_bytes: int,
+        outcome: Outcome,
+        shed: bool,
+    ) -> None:
+        """One closed exchange; must not block."""
+
 
 # The worker shares the event loop with forwarding. It yields after this much
 # analysis so a chunk waiting to be relayed is never held back longer than that.
@@ -60,7 +84,18 @@ class TapStats:
 class TapStream:
     """The proxy's handle on one exchange's analysis."""
 
-    __slots__ = ("_tap", "analysis_ns", "collector", "exchange", "failed", "outcome", "shed")
+    __slots__ = (
+        "_tap",
+        "analysis_ns",
+        "collector",
+        "elided_bytes",
+        "exchange",
+        "failed",
+        "outcome",
+        "recorded",
+        "recorded_bytes",
+        "shed",
+    )
 
     def __init__(self, tap: Tap, exchange: Exchange) -> None:
         self._tap = tap
@@ -70,6 +105,10 @@ class TapStream:
         self.failed = False  # analysis raised; the rest of this stream is skipped
         self.analysis_ns = 0  # time the worker spent on this stream
         self.outcome: Outcome | None = None
+        # The tee's copy (worker only): what the collector was fed, with arrival times.
+        self.recorded: list[tuple[int, bytes]] = []
+        self.recorded_bytes = 0
+        self.elided_bytes = 0
 
     def offer(self, chunk: bytes, t: int) -> None:
         """Hand a copy of a chunk that has already been written to the client. Never blocks."""
@@ -96,8 +135,10 @@ class Tap:
         stats: TapStats | None = None,
         observe_analysis: Callable[[float], None] | None = None,
         on_task_failure: Callable[[BaseException], None] | None = None,
+        tee: Tee | None = None,
     ) -> None:
         self._config = config
+        self._tee = tee
         self._consume_record = consume_record
         self._observe_analysis = observe_analysis
         self._on_task_failure = on_task_failure
@@ -174,6 +215,8 @@ class Tap:
             await asyncio.sleep(0)
 
     def _process(self, stream: TapStream, chunk: bytes | None, t: int) -> None:
+        if self._tee is not None:
+            self._tee_copy(stream, chunk, t)
         # Analysis must never take the worker down: a bug in a decoder costs one record.
         if stream.failed:
             return
@@ -210,6 +253,24 @@ class Tap:
         except Exception:
             self.stats.analysis_errors += 1
             log.exception("record consumer failed")
+
+    def _tee_copy(self, stream: TapStream, chunk: bytes | None, t: int) -> None:
+        tee = self._tee
+        assert tee is not None
+        if chunk is not None:
+            if stream.recorded_bytes < tee.max_exchange_bytes:
+                stream.recorded.append((t, chunk))
+                stream.recorded_bytes += len(chunk)
+            else:
+                stream.elided_bytes += len(chunk)
+            return
+        assert stream.outcome is not None
+        recorded, stream.recorded = stream.recorded, []
+        try:
+            tee.capture(stream.exchange, recorded, stream.elided_bytes, stream.outcome, stream.shed)
+        except Exception:
+            self.stats.analysis_errors += 1
+            log.exception("recording an exchange failed")
 
 
 def _route_of(stream: TapStream) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from semhealth.agent.child import run_child, serve_until_stopped
 from semhealth.agent.cli import overrides, reload_rules, setup_logging, stop_on_signals
 from semhealth.agent.config import load_config
+from semhealth.agent.replay.cli import record_settings
 
 BACKGROUND_FAILURE_EXIT = 3  # a background task died; the supervisor restarts the process
 
@@ -52,6 +53,7 @@ async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
         tap_socket=own.tap_socket,
         admin_socket=own.admin_socket,
         on_background_failure=background_failure,
+        record=record_settings(run),
     )
     agent = Agent(config, settings)
     await serve_until_stopped(agent, own.parent, stop)

@@ -1,0 +1,168 @@
+"""``--record`` then ``replay``: the replay of what a live agent recorded gives the records,
+relevance scores and alert decisions the live agent computed.
+
+The live agent is real (in-process, in front of the scripted upstream, fed by the real
+``openai`` SDK, scoring with the real MiniLM model); so is the replay, through the same
+collectors, recorder, scorer and rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semhealth.agent.app import Agent, Settings
+from semhealth.agent.replay.inputs import read_file
+from semhealth.agent.replay.pipeline import build_records
+from semhealth.agent.replay.run import Options, replay
+from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.simulator import SimulatedUpstream
+from semhealth.collectors import StreamRecord
+from semhealth.embeddings import LocalBackend, RelevanceScores
+from tests.agent.conftest import agent_config
+from tests.agent.replay.traffic import comparable, key, script_for, send_traffic
+
+# Rules that the test traffic decides: the abandoned stream is one failure in four; every
+# scored answer has an answer relevance. Default rules off: they need minutes of traffic.
+RULES = [
+    {
+        "name": "ReplayFailures",
+        "signal": "request_success_rate",
+        "aggregation": "ratio",
+        "window": "10m",
+        "op": "<",
+        "threshold": 0.9,
+        "min_samples": 1,
+        "for": "0s",
+        "group_by": ["route"],
+    },
+    {
+        "name": "ReplayAnswered",
+        "signal": "answer_relevance_score",
+        "aggregation": "mean",
+        "window": "10m",
+        "op": ">=",
+        "threshold": 0.0,
+        "min_samples": 1,
+        "for": "0s",
+        "group_by": ["route", "model"],
+    },
+    {
+        "name": "ReplayNeverFires",
+        "signal": "time_to_first_token",
+        "aggregation": "p50",
+        "window": "10m",
+        "op": ">",
+        "threshold": 60.0,
+        "min_samples": 1,
+        "for": "0s",
+    },
+]
+
+
+def _config(upstream_url: str) -> Any:
+    return agent_config(
+        upstream_url,
+        **{
+            "relevance.enabled": True,
+            "alerts.default_rules": False,
+            "alerts.rules": RULES,
+            "alerts.evaluation_interval_s": 60,
+        },
+    )
+
+
+async def _live_run(
+    path: Path, minilm: LocalBackend
+) -> tuple[list[StreamRecord], list[tuple[StreamRecord, RelevanceScores]], set[Any], Any]:
+    upstream = SimulatedUpstream(script_for)
+    await upstream.start()
+    records: list[StreamRecord] = []
+    scores: list[tuple[StreamRecord, RelevanceScores]] = []
+    config = _config(upstream.url)
+    agent = Agent(
+        config,
+        Settings(
+            consumers=[records.append],
+            embedding_backend=minilm,
+            record=RecordSettings(path=str(path)),
+        ),
+    )
+    try:
+        await agent.start()
+        assert agent.relevance is not None
+        agent.relevance.also_record(lambda record, s: scores.append((record, s)))
+        await send_traffic(agent.proxy_url)
+        for _ in range(200):
+            if len(records) == 4 and agent.relevance.in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert agent.alerting is not None
+        await agent.alerting.evaluate_now()
+        firing = {
+            (alert.rule, tuple(sorted(alert.labels.items())))
+            for alert in agent.alerting.active()
+            if alert.state == "firing"
+        }
+    finally:
+        await agent.shutdown()
+        await upstream.shutdown()
+    return records, scores, firing, config
+
+
+async def test_replay_of_a_recording_gives_the_live_records_scores_and_alerts(
+    tmp_path: Path, minilm: LocalBackend
+) -> None:
+    path = tmp_path / "traffic.jsonl"
+    live, live_scores, live_firing, config = await _live_run(path, minilm)
+    assert len(live) == 4
+    assert sum(record.client_aborted for record in live) == 1
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+    # Records: field by field, times as offsets from each record's start.
+    built = build_records(read_file(str(path)), config)
+    assert built.problems == []
+    replayed = [item.record for item in built.records]
+    assert sorted(map(key, replayed)) == sorted(map(key, live))
+    by_key = {key(record): record for record in replayed}
+    for record in live:
+        assert comparable(by_key[key(record)]) == comparable(record)
+    kinds = {(r.streamed, bool(r.tool_calls), bool(r.validity)) for r in replayed}
+    assert (True, True, True) in kinds  # the tool call, its arguments checked
+    assert (False, False, True) in kinds  # JSON mode, checked
+
+    # Scores and alerts: the same model, the same rules, on the recording's clock.
+    outcome = await replay([str(path)], config, Options(backend=minilm))
+    run = outcome.run
+    assert len(run.results) == 4 and run.problems == ()
+    scored = {key(record): s for record, s in live_scores}
+    assert len(scored) == 3  # the abandoned stream is not scored
+    results = {(r.id, r.line): r for r in run.results}
+    for item in built.records:
+        result = results[(item.id, item.line)]
+        live_score = scored.get(key(item.record))
+        if live_score is None:
+            assert result.context_relevance is None
+            assert result.relevance_skipped == "incomplete"
+            continue
+        assert result.context_relevance == pytest.approx(live_score.context, abs=1e-5)
+        assert result.answer_relevance == pytest.approx(live_score.answer, abs=1e-5)
+    replay_firing = _firing_at_end(run.alerts)
+    assert replay_firing == live_firing
+    assert {rule for rule, _labels in replay_firing} == {"ReplayFailures", "ReplayAnswered"}
+    # Transitions are stamped inside the replayed span.
+    assert run.start is not None and run.end is not None
+    for alert in run.alerts:
+        assert run.start <= alert.time <= run.end + config.alerts.evaluation_interval_s
+
+
+def _firing_at_end(alerts: Any) -> set[Any]:
+    state: dict[Any, str] = {}
+    for alert in alerts:
+        state[(alert.rule, tuple(sorted(alert.labels.items())))] = alert.state
+    return {group for group, last in state.items() if last == "firing"}

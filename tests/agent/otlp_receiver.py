@@ -1,9 +1,11 @@
-"""Real OTLP metric receivers for tests: gRPC (``grpc.aio``) and HTTP/protobuf (aiohttp).
+"""Real OTLP metric and log receivers for tests: gRPC (``grpc.aio``) and HTTP/protobuf
+(aiohttp).
 
 Both decode what arrives with ``opentelemetry-proto``'s own messages, as a collector would, and
 keep every ``ExportMetricsServiceRequest`` with the headers (gRPC metadata) it came with.
 ``flatten`` turns what was received into ``{(metric name, attributes): value}`` to compare
-with ``/metrics``.
+with ``/metrics``. Log exports (``ExportLogsServiceRequest``: events such as
+``gen_ai.evaluation.result``) are kept apart, in ``logs``, with the exact bytes that arrived.
 
 Each receiver runs its server on an event loop of its own, in a thread: a collector is another
 process, and the SDK's exports are synchronous calls (the periodic reader's thread,
@@ -27,6 +29,14 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 from aiohttp import web
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import (
+    LogsServiceServicer,
+    add_LogsServiceServicer_to_server,
+)
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -36,6 +46,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
     add_MetricsServiceServicer_to_server,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     AGGREGATION_TEMPORALITY_DELTA,
     HistogramDataPoint,
@@ -45,6 +56,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 
 PROTOBUF = "application/x-protobuf"
 METRICS_PATH = "/v1/metrics"
+LOGS_PATH = "/v1/logs"
 
 AttributeValue = str | bool | int | float | tuple[Any, ...]
 Attributes = frozenset[tuple[str, AttributeValue]]
@@ -71,6 +83,16 @@ class Received:
 
     request: ExportMetricsServiceRequest
     headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedLogs:
+    """One log export as the receiver got it: ``raw`` is the body as it arrived (decompressed
+    over HTTP; over gRPC the message as serialized on the wire). Header names are lower-case."""
+
+    request: ExportLogsServiceRequest
+    headers: dict[str, str]
+    raw: bytes
 
 
 # --------------------------------------------------------------------------- decoding
@@ -202,6 +224,7 @@ class _Receiver(ABC):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._received: list[Received] = []
+        self._logs: list[ReceivedLogs] = []
         self._attempts = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -225,6 +248,37 @@ class _Receiver(ABC):
 
     def values(self) -> dict[SeriesKey, Value]:
         return flatten(self.requests)
+
+    @property
+    def logs(self) -> list[ReceivedLogs]:
+        """Every log export accepted so far, in arrival order (metrics' counters exclude them)."""
+        with self._lock:
+            return list(self._logs)
+
+    def log_records(self) -> list[LogRecord]:
+        """Every log record received, in arrival order."""
+        return [
+            record
+            for received in self.logs
+            for resource_logs in received.request.resource_logs
+            for scope_logs in resource_logs.scope_logs
+            for record in scope_logs.log_records
+        ]
+
+    def _keep_logs(
+        self, request: ExportLogsServiceRequest, headers: dict[str, str], raw: bytes
+    ) -> None:
+        with self._lock:
+            self._logs.append(ReceivedLogs(request, headers, raw))
+
+    async def wait_log_records(self, n: int, timeout_s: float = 10.0) -> list[LogRecord]:
+        """Wait until at least ``n`` log records were accepted."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len(records := self.log_records()) < n:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"expected {n} OTLP log records, got {len(records)}")
+            await asyncio.sleep(0.01)
+        return records
 
     def _count_attempt(self) -> None:
         with self._lock:
@@ -304,12 +358,31 @@ class _MetricsService(MetricsServiceServicer):
         return ExportMetricsServiceResponse()
 
 
+class _LogsService(LogsServiceServicer):
+    """Log exports; refused like metric exports while ``fail_with`` is set."""
+
+    def __init__(self, receiver: GrpcReceiver) -> None:
+        self._receiver = receiver
+
+    async def Export(  # the generated servicer's method name
+        self, request: ExportLogsServiceRequest, context: Any
+    ) -> ExportLogsServiceResponse:
+        receiver = self._receiver
+        if receiver.fail_with is not None:
+            await context.abort(receiver.fail_with, "test collector refuses exports")
+        metadata = context.invocation_metadata() or ()
+        headers = {str(key).lower(): _text(value) for key, value in metadata}
+        receiver._keep_logs(request, headers, request.SerializeToString())
+        return ExportLogsServiceResponse()
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
 class GrpcReceiver(_Receiver):
-    """``MetricsService/Export`` on 127.0.0.1, an ephemeral port; ``endpoint`` once started.
+    """``MetricsService/Export`` and ``LogsService/Export`` on 127.0.0.1, an ephemeral port;
+    ``endpoint`` once started.
 
     ``fail_with`` (a ``grpc.StatusCode``, e.g. ``UNAVAILABLE``) refuses every export with that
     status; it may be changed while running.
@@ -330,6 +403,7 @@ class GrpcReceiver(_Receiver):
     async def _serve(self) -> None:
         server = grpc.aio.server()
         add_MetricsServiceServicer_to_server(_MetricsService(self), server)  # type: ignore[no-untyped-call]
+        add_LogsServiceServicer_to_server(_LogsService(self), server)  # type: ignore[no-untyped-call]
         self._port = int(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
         self._server = server
@@ -352,8 +426,9 @@ _DECODERS = {
 
 
 class HttpReceiver(_Receiver):
-    """``POST /v1/metrics`` (``application/x-protobuf``, identity, gzip or deflate body) on
-    127.0.0.1, an ephemeral port. ``endpoint`` is the full URL the exporter takes.
+    """``POST /v1/metrics`` and ``POST /v1/logs`` (``application/x-protobuf``, identity, gzip
+    or deflate body) on 127.0.0.1, an ephemeral port. ``endpoint`` is the full metrics URL the
+    exporter takes, ``logs_endpoint`` the logs one.
 
     ``fail_with`` (an HTTP status, e.g. 503) refuses every export with that status; it may be
     changed while running.
@@ -374,9 +449,14 @@ class HttpReceiver(_Receiver):
     def endpoint(self) -> str:
         return self.url + METRICS_PATH
 
+    @property
+    def logs_endpoint(self) -> str:
+        return self.url + LOGS_PATH
+
     async def _serve(self) -> None:
         app = web.Application()
         app.router.add_post(METRICS_PATH, self._export)
+        app.router.add_post(LOGS_PATH, self._export_logs)
         # Decoding Content-Encoding here, not in aiohttp, is what shows gzip bodies are handled.
         runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await runner.setup()
@@ -412,4 +492,24 @@ class HttpReceiver(_Receiver):
         self._keep(message, {key.lower(): value for key, value in request.headers.items()})
         return web.Response(
             body=ExportMetricsServiceResponse().SerializeToString(), content_type=PROTOBUF
+        )
+
+    async def _export_logs(self, request: web.Request) -> web.Response:
+        if self.fail_with is not None:
+            return web.Response(status=self.fail_with, text="test collector refuses exports")
+        if request.content_type != PROTOBUF:
+            return web.Response(status=415, text=f"expected {PROTOBUF}")
+        decode = _DECODERS.get(request.headers.get("Content-Encoding", "").strip().lower())
+        if decode is None:
+            return web.Response(status=415, text="unsupported Content-Encoding")
+        try:
+            raw = decode(await request.read())
+            message = ExportLogsServiceRequest.FromString(raw)
+        except (OSError, EOFError, zlib.error, DecodeError) as exc:
+            return web.Response(status=400, text=f"undecodable body: {type(exc).__name__}")
+        self._keep_logs(
+            message, {key.lower(): value for key, value in request.headers.items()}, raw
+        )
+        return web.Response(
+            body=ExportLogsServiceResponse().SerializeToString(), content_type=PROTOBUF
         )

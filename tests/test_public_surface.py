@@ -28,7 +28,7 @@ SURFACE = {
         "RequestFacts", "Route", "SSEDecoder", "StreamCollector", "StreamRecord", "StreamState",
         "StructureRequest", "ToolCall", "Usage", "default_config", "detect_framing",
         "extract_request", "intervals_s", "make_decoder", "match_route", "measure_continuity",
-        "FRAMINGS", "PROVIDERS", "quantile", "validate_jsonpath",
+        "FRAMINGS", "PROVIDERS", "quantile", "validate_jsonpath", "TraceRef", "check_record",
     },
     "semhealth.collectors.adapters": {
         "ADAPTER_NAMES", "Adapter", "AnthropicMessagesAdapter", "OllamaAdapter",

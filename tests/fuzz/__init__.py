@@ -1,0 +1,1 @@
+"""Fuzzing: property tests of every decoder and adapter, the proxy fuzzer, config limits."""

@@ -1,11 +1,13 @@
 """``semhealth run``: the forwarding process, and the supervisor of everything else.
 
 It relays (``Relay``), sends copies down the tap wire (``WireTap``) and serves the admin
-front: ``/healthz`` and ``/readyz`` itself, everything else relayed to the analysis
-process's admin app over a Unix socket. It starts the analysis process and, with
-``workers`` above one, more forwarding processes on the same port (``SO_REUSEPORT``), and
-restarts any that dies, with backoff. Forwarding never depends on them: a dead analysis
-process costs analysis (shed, counted), never a client byte.
+front (``semhealth.agent.admin.build_front_app``, worker 0 only): ``/healthz`` and
+``/readyz`` itself, ``/metrics`` and ``/alerts`` fetched from the analysis process's admin
+app over a Unix socket, all behind the web configuration (TLS, basic auth). It starts the
+analysis process and, with ``workers`` above one, more forwarding processes on the same
+port (``SO_REUSEPORT``), and restarts any that dies, with backoff. Forwarding never
+depends on them: a dead analysis process costs analysis (shed, counted), never a client
+byte.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -34,10 +37,25 @@ from semhealth.agent.dataplane.relay import (
 from semhealth.agent.dataplane.tapwire import WireTap
 from semhealth.embeddings import available_cpus
 
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from semhealth.agent.admin import AdminGate
+
 log = logging.getLogger(__name__)
 
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before a restart
 _STABLE_S = 60.0  # a child that ran this long restarts with the first wait again
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A response the admin front makes itself (health, or analysis being away)."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/plain"
+    error: str | None = None  # X-Semhealth-Error
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +70,8 @@ class ForwarderSettings:
     workers: int = 1
     shutdown_timeout_s: float = 10.0
     analysis_grace_s: float = 60.0  # start-up wait for the analysis process
+    web_config_file: str | None = None  # exporter-toolkit web.yml for the admin port
+    alerts_endpoint: bool = True  # False: the admin port answers /alerts with 404
     run_args: tuple[str, ...] = ()  # `semhealth run` arguments, for the children
 
 
@@ -152,7 +172,8 @@ class Forwarder:
         self.relay = Relay(settings.upstream, self.wire, listen=settings.listen)
         self.analysis: Child | None = None
         self.workers: list[Child] = []
-        self.front: Relay | None = None
+        self.front: web.AppRunner | None = None
+        self.gate: AdminGate | None = None
         self._ready = False
         self.proxy_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
@@ -198,17 +219,7 @@ class Forwarder:
                     "the analysis process is not up after %.0f s: forwarding without it",
                     settings.analysis_grace_s,
                 )
-            self.front = Relay(
-                UpstreamSettings(
-                    url="http://semhealth-analysis",
-                    unix_path=self.admin_socket,
-                    connect_timeout_s=2.0,
-                    read_timeout_s=30.0,
-                ),
-                None,
-                local=self._admin_local,
-            )
-            self.admin_address = await self.front.start(settings.admin_host, settings.admin_port)
+            self.admin_address = await self._start_front()
         self.proxy_address = await self.relay.start(
             settings.proxy_host, settings.proxy_port, reuse_port=reuse_port
         )
@@ -232,29 +243,54 @@ class Forwarder:
             settings.workers,
         )
 
-    def _admin_local(self, method: bytes, target: bytes) -> bytes | None:
-        """The health checks answer here, so a restarting analysis process never makes a
-        forwarding pod unready; the rest goes to the analysis process."""
-        path = target.split(b"?", 1)[0]
-        if path == b"/healthz":
-            return _plain(200, b"OK", b"ok\n")
-        if path == b"/readyz":
-            analysis = self.analysis
-            state = {
-                "forwarding": "ready" if self._ready else "stopping",
-                "analysis": self._analysis_state(),
-                "tap_wire": "connected" if self.wire.connected else "disconnected",
-                "analysis_restarts": analysis.restarts if analysis is not None else 0,
-                "workers": self._settings.workers,
-            }
-            status = (200, b"OK") if self._ready else (503, b"Service Unavailable")
-            return _plain(*status, orjson.dumps(state) + b"\n", b"application/json")
-        if not self.wire.connected:
-            # The wire is up exactly while the analysis process serves (it listens last).
-            kind = "analysis_restarting"
-            body = error_body(kind, "the analysis process is restarting; forwarding goes on")
-            return _plain(503, b"Service Unavailable", body, b"application/json", kind)
-        return None
+    async def _start_front(self) -> tuple[str, int]:
+        # aiohttp is imported here, by worker 0 only: the other forwarders never load it.
+        from aiohttp import web
+
+        from semhealth.agent.admin import AdminAccess, AdminGate, build_front_app, start_site
+
+        settings = self._settings
+        self.gate = gate = AdminGate(
+            AdminAccess(
+                web_config_file=settings.web_config_file,
+                alerts_endpoint=settings.alerts_endpoint,
+            )
+        )
+        app = build_front_app(
+            health=self._health,
+            readiness=self._readiness,
+            analysis_down=self._analysis_down,
+            analysis_socket=self.admin_socket,
+            gate=gate,
+        )
+        self.front = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await self.front.setup()
+        return await start_site(self.front, settings.admin_host, settings.admin_port, gate)
+
+    def _health(self) -> Answer:
+        return Answer(200, b"ok\n")
+
+    def _readiness(self) -> Answer:
+        """Health answers here, so a restarting analysis process never makes a forwarding
+        pod unready."""
+        analysis = self.analysis
+        state = {
+            "forwarding": "ready" if self._ready else "stopping",
+            "analysis": self._analysis_state(),
+            "tap_wire": "connected" if self.wire.connected else "disconnected",
+            "analysis_restarts": analysis.restarts if analysis is not None else 0,
+            "workers": self._settings.workers,
+        }
+        status = 200 if self._ready else 503
+        return Answer(status, orjson.dumps(state) + b"\n", "application/json")
+
+    def _analysis_down(self) -> Answer | None:
+        if self.wire.connected:
+            return None
+        # The wire is up exactly while the analysis process serves (it listens last).
+        kind = "analysis_restarting"
+        body = error_body(kind, "the analysis process is restarting; forwarding goes on")
+        return Answer(503, body, "application/json", kind)
 
     def _analysis_state(self) -> str:
         if self.wire.connected:
@@ -283,25 +319,8 @@ class Forwarder:
         await self.wire.shutdown(min(left() / 4, 2.0))
         if self.analysis is not None:
             await self.analysis.stop(left() - 0.2)
-        if self.front is not None:
-            await self.front.shutdown(0.1)
+        front, self.front = self.front, None
+        if front is not None:
+            await front.cleanup()
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _plain(
-    status: int,
-    reason: bytes,
-    body: bytes,
-    content_type: bytes = b"text/plain; charset=utf-8",
-    error: str | None = None,
-) -> bytes:
-    head = [
-        b"HTTP/1.1 %d %s\r\n" % (status, reason),
-        b"Content-Type: %s\r\n" % content_type,
-        b"Content-Length: %d\r\n" % len(body),
-        b"Cache-Control: no-store\r\n",
-    ]
-    if error is not None:
-        head.append(b"X-Semhealth-Error: %s\r\n" % error.encode())
-    return b"".join(head) + b"\r\n" + body

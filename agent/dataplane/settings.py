@@ -1,10 +1,35 @@
-"""The data plane's settings, from the validated configuration."""
+"""The data plane's settings, from the validated configuration and the command line."""
 
 from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
 
 from semhealth.agent.config import Config
 from semhealth.agent.dataplane.forwarder import ForwarderSettings
 from semhealth.agent.dataplane.relay import ListenSettings, UpstreamSettings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardening:
+    """The admin lock-down and the connection limits, from ``semhealth run``'s flags until
+    the YAML has them (``listen.admin_web_config``, ``admin.alerts_endpoint``,
+    ``dataplane.max_client_connections``, ``dataplane.max_upstream_requests``)."""
+
+    web_config_file: str | None = None
+    alerts_endpoint: bool = True
+    max_client_connections: int = 0  # per forwarding process; 0: no limit
+    max_upstream_requests: int = 0  # per forwarding process; 0: no limit
+
+
+def hardening(args: argparse.Namespace) -> Hardening:
+    """From the ``run`` arguments (every process ``semhealth run`` starts parses the same)."""
+    return Hardening(
+        web_config_file=getattr(args, "web_config_file", None),
+        alerts_endpoint=not getattr(args, "no_alerts_endpoint", False),
+        max_client_connections=getattr(args, "max_client_connections", None) or 0,
+        max_upstream_requests=getattr(args, "max_upstream_requests", None) or 0,
+    )
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:
@@ -26,22 +51,36 @@ def upstream_settings(config: Config) -> UpstreamSettings:
     )
 
 
+def listen_settings(config: Config, limits: Hardening | None = None) -> ListenSettings:
+    dataplane = config.dataplane
+    limits = limits or Hardening()
+    return ListenSettings(
+        header_timeout_s=dataplane.header_timeout_s,
+        keepalive_timeout_s=dataplane.keepalive_timeout_s,
+        max_client_connections=limits.max_client_connections,
+        max_upstream_requests=limits.max_upstream_requests,
+    )
+
+
 def forwarder_settings(
-    config: Config, *, workers: int, run_args: tuple[str, ...]
+    config: Config,
+    *,
+    workers: int,
+    run_args: tuple[str, ...],
+    limits: Hardening | None = None,
 ) -> ForwarderSettings:
     """``workers`` is resolved by the caller: the command line's, else ``dataplane.workers``."""
-    dataplane = config.dataplane
+    limits = limits or Hardening()
     return ForwarderSettings(
         upstream=upstream_settings(config),
-        listen=ListenSettings(
-            header_timeout_s=dataplane.header_timeout_s,
-            keepalive_timeout_s=dataplane.keepalive_timeout_s,
-        ),
+        listen=listen_settings(config, limits),
         proxy_host=config.listen.proxy.host,
         proxy_port=config.listen.proxy.port,
         admin_host=config.listen.admin.host,
         admin_port=config.listen.admin.port,
-        tap_budget_bytes=dataplane.tap_buffer_bytes,
+        tap_budget_bytes=config.dataplane.tap_buffer_bytes,
         workers=workers,
+        web_config_file=limits.web_config_file,
+        alerts_endpoint=limits.alerts_endpoint,
         run_args=run_args,
     )

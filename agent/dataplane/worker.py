@@ -15,14 +15,14 @@ from semhealth.agent.child import run_child, serve_until_stopped
 from semhealth.agent.cli import overrides, setup_logging
 from semhealth.agent.config import load_config
 from semhealth.agent.dataplane.forwarder import Forwarder, resolve_workers
-from semhealth.agent.dataplane.settings import forwarder_settings
+from semhealth.agent.dataplane.settings import forwarder_settings, hardening
 
 
 async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
     config = load_config(run.config, os.environ, overrides(run))
     setup_logging(config.log.level)
     workers = resolve_workers(config.dataplane.workers)
-    settings = forwarder_settings(config, workers=workers, run_args=())
+    settings = forwarder_settings(config, workers=workers, run_args=(), limits=hardening(run))
     forwarder = Forwarder(settings, worker=own.worker, runtime_dir=os.path.dirname(own.tap_socket))
     return await serve_until_stopped(forwarder, own.parent)
 

@@ -106,7 +106,7 @@ def overview(run: ReplayRun, span: tuple[float, float] | None, fired: int) -> st
     span_text = f"{utc(span[0])} → {utc(span[1])}" if span else NO_DATA
     facts = [
         _fact(len(results), "records replayed"),
-        _fact(", ".join(f"{n} {s}" for s, n in sorted(sources.items())) or "0", "by source"),
+        _fact(", ".join(f"{n} {s}" for s, n in sources.most_common()) or "0", "by source"),
         _fact(errors, "records that ended in an error", warn=errors > 0),
         _fact(scored, "records with a context relevance score"),
         _fact(fired, "times an alert started firing", warn=fired > 0),

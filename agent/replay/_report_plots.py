@@ -10,6 +10,7 @@ is prefixed with the plot's name, so several plots can share one HTML page.
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -89,8 +90,14 @@ def route_groups(results: Sequence[RecordResult]) -> RouteGroups:
     return RouteGroups((*kept, OTHER), len(routes) - len(kept))
 
 
+MAX_LABEL = 48
+
+
 def plain(text: str) -> str:
-    """A label matplotlib shows as written: ``$`` would start mathtext."""
+    """A label matplotlib shows as written (``$`` would start mathtext), cut to
+    ``MAX_LABEL`` characters so one long route cannot squeeze the plot; tables keep it whole."""
+    if len(text) > MAX_LABEL:
+        text = text[: MAX_LABEL - 1] + "\u2026"
     return text.replace("$", r"\$")
 
 
@@ -269,7 +276,7 @@ def _points(
     collected: dict[str, tuple[list[float], list[float]]] = {}
     for result in results:
         value = pick(result)
-        if value is not None:
+        if value is not None and math.isfinite(value):
             times, values = collected.setdefault(groups.of(result.route), ([], []))
             times.append(result.time)
             values.append(value * scale)
@@ -363,7 +370,13 @@ def validity_plot(failures: dict[str, Counter[str]], results: Sequence[RecordRes
             return None
         groups = route_groups(results)
         reasons = sorted(failures, key=lambda key: (-sum(failures[key].values()), key))
-        reasons = reasons[:MAX_REASONS]
+        shown = reasons[:MAX_REASONS]
+        more = (
+            f" (the {len(shown)} most frequent of {len(reasons)})"
+            if len(reasons) > len(shown)
+            else ""
+        )
+        reasons = shown
         figure = _figure(9.0, 0.9 + 0.32 * len(reasons))
         ax = figure.subplots()
         y = np.arange(len(reasons))
@@ -383,7 +396,7 @@ def validity_plot(failures: dict[str, Counter[str]], results: Sequence[RecordRes
             ax.text(total, i, f" {int(total)}", va="center", fontsize=8)
         ax.set_yticks(y, [plain(key) for key in reasons])
         ax.invert_yaxis()
-        ax.set_xlabel("failed structured outputs")
+        ax.set_xlabel("failed structured outputs" + more)
         ax.grid(axis="y", visible=False)
         ax.legend(loc="lower right", fontsize=8, frameon=False)
         return figure
@@ -403,7 +416,8 @@ def alerts_plot(series: Sequence[AlertSeries], span: tuple[float, float] | None)
     def draw() -> Figure | None:
         if not series or span is None:
             return None
-        rows = list(series)[:MAX_ALERT_ROWS]
+        # Past the limit, the alerts that fired come first: they are what the page is for.
+        rows = sorted(series, key=lambda one: not one.fired)[:MAX_ALERT_ROWS]
         figure = _figure(9.0, 0.8 + 0.3 * len(rows))
         ax = figure.subplots()
         for i, one in enumerate(rows):
@@ -428,7 +442,8 @@ def alerts_plot(series: Sequence[AlertSeries], span: tuple[float, float] | None)
         pad = max((span[1] - span[0]) * 0.01, 1.0)
         ax.set_xlim(_date_number(span[0] - pad), _date_number(span[1] + pad))
         _date_axis(ax)
-        ax.set_xlabel("time (UTC)")
+        shown = f"; {len(rows)} of {len(series)} alerts shown" if len(rows) < len(series) else ""
+        ax.set_xlabel("time (UTC)" + shown)
         ax.legend(
             handles=[
                 Patch(color=_STATE_COLOURS["pending"], label="pending"),

@@ -5,6 +5,7 @@ timeline as bands. The plots and the HTML read these; nothing here draws or form
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -93,7 +94,8 @@ def quantile(values: Sequence[float], q: float) -> float | None:
 
 
 def _present(values: Iterable[float | None]) -> list[float]:
-    return [value for value in values if value is not None]
+    """The values a record gave; a NaN or infinity would poison every percentile."""
+    return [value for value in values if value is not None and math.isfinite(value)]
 
 
 def fired_by_route(alerts: Iterable[AlertTransition]) -> Counter[str]:

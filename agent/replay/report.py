@@ -29,6 +29,12 @@ class ReportUnavailableError(SemhealthError):
     """The report cannot be drawn here: its optional dependencies are not installed."""
 
 
+def require_report_extra() -> None:
+    """Raise ``ReportUnavailableError`` now if the report could not be drawn: the replay
+    calls this before it starts, so a long replay does not end in this error."""
+    _plots()
+
+
 def _plots() -> ModuleType:
     try:
         return importlib.import_module("semhealth.agent.replay._report_plots")

@@ -278,9 +278,14 @@ class _HideMatplotlib:
 
 sys.meta_path.insert(0, _HideMatplotlib())
 
-from semhealth.agent.replay.report import ReportUnavailableError, write_report
+from semhealth.agent.replay.report import (
+    ReportUnavailableError, require_report_extra, write_report)
 from semhealth.agent.replay.results import ReplayRun
 
+try:
+    require_report_extra()
+except ReportUnavailableError as exc:
+    print("early:", exc)
 try:
     write_report(ReplayRun(files=(), results=(), alerts=(), problems=()), sys.argv[1])
 except ReportUnavailableError as exc:
@@ -300,6 +305,7 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path: Path) -> None:
     )
     assert result.returncode == 3, result.stderr
     assert "pip install 'semhealth[report]'" in result.stdout
+    assert result.stdout.startswith("early: ")  # the replay can check before it starts
     assert "matplotlib" in result.stdout
     assert not target.exists()
 
@@ -314,3 +320,51 @@ def test_percentiles_skip_missing_values() -> None:
     assert rows[stats.ALL_ROUTES].records == len(run.results)
     assert rows[stats.ALL_ROUTES].alerts_fired == 2
     assert ReplayRun(files=(), results=(), alerts=(), problems=()).threshold == 0.75
+
+
+def test_non_finite_values_and_long_labels_do_not_spoil_the_page() -> None:
+    long_route = "/v1/" + "very-long-route-segment/" * 8
+    run = realistic_run(300, extra_routes={long_route: 1})
+    spoiled = tuple(
+        dataclasses.replace(r, ttft_s=float("nan"), continuity_index_s=float("inf"))
+        if i % 7 == 0
+        else r
+        for i, r in enumerate(run.results)
+    )
+    run = dataclasses.replace(run, results=spoiled)
+    page = Page(render_report(run, generated_at=WHEN))
+    table = page.section_text("routes")
+    assert "nan" not in table and "inf" not in table
+    assert long_route in [row[0] for row in page.rows if row]  # the table keeps it whole
+    ttft = page.section_text("ttft")
+    assert long_route not in ttft and long_route[: plots.MAX_LABEL - 1] + "\u2026" in ttft
+    finite = [
+        r.ttft_s
+        for r in spoiled
+        if r.route == "/v1/chat" and r.ttft_s == r.ttft_s and r.ttft_s is not None
+    ]
+    assert f"/v1/chat (n={len(finite)})" in ttft
+
+
+def test_past_the_limits_the_plots_say_how_much_they_show() -> None:
+    run = realistic_run(200)
+    reasons = tuple(("schema", (f"keyword{i}",)) for i in range(plots.MAX_REASONS + 5))
+    failing = dataclasses.replace(run.results[0], validity=reasons)
+    many_alerts = tuple(
+        AlertTransition(
+            rule="StreamChoppy", state="pending", time=START + i, labels={"route": f"/r{i}"}
+        )
+        for i in range(plots.MAX_ALERT_ROWS + 10)
+    )
+    run = dataclasses.replace(
+        run, results=(failing, *run.results[1:]), alerts=run.alerts + many_alerts
+    )
+    page = Page(render_report(run, generated_at=WHEN))
+    validity = page.section_text("validity")
+    kinds = len(stats.validity_failures(run.results))
+    assert kinds >= plots.MAX_REASONS + 5
+    assert f"the {plots.MAX_REASONS} most frequent of {kinds}" in validity
+    alerts = page.section_text("alerts")
+    total = len(stats.alert_series(run))
+    assert f"{plots.MAX_ALERT_ROWS} of {total} alerts shown" in alerts
+    assert "ContextRelevanceLow{" in alerts  # the ones that fired are kept

@@ -179,22 +179,25 @@ def decode_line(line: bytes) -> RecordedExchange:
     version = data.get("v")
     if version != VERSION:
         raise FormatError(f"field 'v' is {version!r}; this semhealth reads version {VERSION}")
+    fields: dict[str, Any] = {
+        "id": _field(data, "id", str),
+        "time": float(_field(data, "time", (int, float))),
+        "method": _field(data, "method", str),
+        "path": _field(data, "path", str),
+        "status": _field(data, "status", int),
+        "content_type": _optional(data, "content_type", str),
+        "content_encoding": _optional(data, "content_encoding", str),
+        "ratelimit_source": _optional(data, "ratelimit_source", str),
+        "traceparent": _optional(data, "traceparent", str),
+        "response_offset_ns": _optional(data, "response_offset_ns", int),
+        "request_body": _request_in(data.get("request")),
+        "request_skip": _optional(data, "request_skip", str),
+        "chunks": _chunks_in(_field(data, "chunks", list)),
+        "elided_bytes": _optional(data, "elided_bytes", int) or 0,
+    }
     outcome = _field(data, "outcome", dict)
     return RecordedExchange(
-        id=_field(data, "id", str),
-        time=float(_field(data, "time", (int, float))),
-        method=_field(data, "method", str),
-        path=_field(data, "path", str),
-        status=_field(data, "status", int),
-        content_type=_optional(data, "content_type", str),
-        content_encoding=_optional(data, "content_encoding", str),
-        ratelimit_source=_optional(data, "ratelimit_source", str),
-        traceparent=_optional(data, "traceparent", str),
-        response_offset_ns=_optional(data, "response_offset_ns", int),
-        request_body=_request_in(data.get("request")),
-        request_skip=_optional(data, "request_skip", str),
-        chunks=_chunks_in(_field(data, "chunks", list)),
-        elided_bytes=int(data.get("elided_bytes") or 0),
+        **fields,
         end_offset_ns=_field(outcome, "end_offset_ns", int, "outcome."),
         client_aborted=bool(outcome.get("client_aborted")),
         upstream_aborted=bool(outcome.get("upstream_aborted")),
@@ -212,14 +215,14 @@ def _json_problem(line: bytes, exc: orjson.JSONDecodeError) -> str:
 def _field(data: dict[str, Any], key: str, kind: Any, prefix: str = "") -> Any:
     value = data.get(key)
     if value is None or not isinstance(value, kind) or isinstance(value, bool):
-        raise FormatError(f"field '{prefix}{key}' is missing or not a {_kind_name(kind)}")
+        raise FormatError(f"field '{prefix}{key}' is missing or not of type {_kind_name(kind)}")
     return value
 
 
 def _optional(data: dict[str, Any], key: str, kind: Any, prefix: str = "") -> Any:
     value = data.get(key)
     if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-        raise FormatError(f"field '{prefix}{key}' is not a {_kind_name(kind)}")
+        raise FormatError(f"field '{prefix}{key}' is not of type {_kind_name(kind)}")
     return value
 
 

@@ -102,7 +102,9 @@ async def replay(files: Sequence[str], config: Config, options: Options) -> Outc
                 scores = scored.scores.get(index)
                 if scores is not None:
                     metrics.recorder.record_relevance(record, scores)
-                skipped = None if scores is not None else scored.skipped.get(index, scored.off)
+                skipped = None
+                if scores is None:
+                    skipped = scored.skipped.get(index, "off" if scored.off else None)
                 results.append(record_result(replayed, scores, skipped))
                 bar.update(1)
             end = ordered[-1].record.end_ns / 1e9 if ordered else None

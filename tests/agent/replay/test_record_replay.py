@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from semhealth.agent.app import Agent, Settings
@@ -26,6 +28,8 @@ from semhealth.collectors import StreamRecord
 from semhealth.embeddings import LocalBackend, RelevanceScores
 from tests.agent.conftest import agent_config
 from tests.agent.replay.traffic import comparable, key, script_for, send_traffic
+from tests.agent.test_cli import _env
+from tests.agent.test_planes import _until, sidecar
 
 # Rules that the test traffic decides: the abandoned stream is one failure in four; every
 # scored answer has an answer relevance. Default rules off: they need minutes of traffic.
@@ -166,3 +170,35 @@ def _firing_at_end(alerts: Any) -> set[Any]:
     for alert in alerts:
         state[(alert.rule, tuple(sorted(alert.labels.items())))] = alert.state
     return {group for group, last in state.items() if last == "firing"}
+
+
+async def test_semhealth_run_record_in_its_own_processes_then_replay(tmp_path: Path) -> None:
+    """The two planes as ``semhealth run`` starts them: the analysis process records."""
+    path = tmp_path / "live.jsonl"
+    upstream = SimulatedUpstream(script_for)
+    await upstream.start()
+    try:
+        async with sidecar(upstream.url, "--record", str(path)) as running:
+            await send_traffic(running.proxy)
+
+            async def recorded() -> bool:
+                metrics = await running.metrics()
+                return metrics.get("semhealth_recorded_exchanges_total", 0) >= 4
+
+            await _until(recorded)
+    finally:
+        await upstream.shutdown()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    out = tmp_path / "results.jsonl"
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "replay", str(path),
+        "-o", str(out), "--no-relevance",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(),
+    )  # fmt: skip
+    stdout, stderr = await done.communicate()
+    assert done.returncode == 0, stderr.decode()
+    results = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert len(results) == 4
+    assert sorted(r["error_type"] for r in results) == ["", "", "", "client_aborted"]
+    assert sum(bool(r["validity"]) for r in results) == 2  # JSON mode and the tool call
+    assert b"chat_completions" in stdout

@@ -28,7 +28,14 @@ from semhealth.agent.config import Address, Config
 from semhealth.agent.contracts import attach_contracts
 from semhealth.agent.dataplane.relay import Relay, RelayStats
 from semhealth.agent.dataplane.settings import upstream_settings
-from semhealth.agent.errors import RelevanceStartError
+from semhealth.agent.errors import ConfigError, RelevanceStartError
+from semhealth.agent.otlp.evaluation import (
+    EvaluationEmitter,
+    EvaluationSettings,
+    observe_evaluation,
+    relevance_threshold,
+    settings_from_config,
+)
 from semhealth.agent.recorder import RecorderSettings
 from semhealth.agent.relevance import RelevanceStage, plan_relevance
 from semhealth.agent.relevance import Settings as RelevanceSettings
@@ -112,6 +119,27 @@ def alerting_settings(config: Config) -> AlertingSettings:
     )
 
 
+def evaluation_settings(config: Config) -> EvaluationSettings | None:
+    """``otlp_receiver.evaluation`` as the emitter takes it, labelling relevance against the
+    relevance alert's floor; None while it is off (or the configuration has no such block)."""
+    receiver = getattr(config, "otlp_receiver", None)
+    block = getattr(receiver, "evaluation", None)
+    if block is None or not getattr(block, "enabled", False):
+        return None
+    telemetry = config.telemetry
+    settings = settings_from_config(
+        block,
+        forward=getattr(receiver, "forward", None),
+        service_name=telemetry.service_name,
+        resource_attributes=telemetry.resource_attributes,
+        threshold=relevance_threshold(config.alerts.load_rules()),
+    )
+    issues = settings.validate()
+    if issues:
+        raise ConfigError(issues)
+    return settings
+
+
 def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
     """Hits and misses over the batchers' caches, each counted once (encoders share one)."""
     caches = {id(batcher.cache): batcher.cache for batcher in batchers}
@@ -141,6 +169,9 @@ class Agent:
         self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
         self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
         self.health = Health(self._settings.on_background_failure)
+        evaluation = evaluation_settings(config)
+        # gen_ai.evaluation.result events on traced records' spans; None: off.
+        self.evaluation = EvaluationEmitter(evaluation) if evaluation is not None else None
         alerting = self.alerting = (
             AlertingStage(alerting_settings(config), on_task_failure=self.health.reporter("alerts"))
             if config.alerts.enabled
@@ -246,6 +277,18 @@ class Agent:
         if scoring is not None:
             await scoring.aclose()
 
+    def _start_evaluation(self) -> None:
+        """Evaluation events after every other consumer: a record's validity when it is
+        built, its relevance when its scores arrive."""
+        emitter = self.evaluation
+        if emitter is None:
+            return
+        emitter.start()
+        observe_evaluation(self.telemetry.provider.get_meter("semhealth.agent"), emitter.snapshot)
+        self._consumers = (*self._consumers, emitter.consume_record)
+        if self.relevance is not None:
+            self.relevance.also_record(emitter.record_relevance)
+
     async def reload_alerts(self, rules: Sequence[Rule]) -> None:
         """Evaluate ``rules`` from now on (``Alerts.load_rules()`` of a configuration loaded
         again); nothing else is reloaded."""
@@ -270,6 +313,7 @@ class Agent:
         try:
             self.telemetry.start()
             await self._start_relevance()
+            self._start_evaluation()
             await self.tap.start()
             admin = build_admin_app(
                 ready=self.ready,
@@ -336,6 +380,10 @@ class Agent:
         await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
         # After the tap: its last records may still be handed to the stage.
         await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
+        if self.evaluation is not None:
+            # After relevance: its last scores are the last events; flushed within the deadline.
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("evaluation", self.evaluation.shutdown(remaining / 2))
         if self.alerting is not None:
             # Last alerts out (a resolve included) within the deadline; no new evaluations.
             remaining = max(deadline - time.monotonic(), 0.1)

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
+from opentelemetry.metrics import Observation
 from opentelemetry.sdk._logs import LoggerProvider, ReadableLogRecord
 from opentelemetry.sdk._logs.export import (
     BatchLogRecordProcessor,
@@ -58,6 +59,7 @@ from semhealth.alerts import Rule
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger
     from opentelemetry.context import Context
+    from opentelemetry.metrics import CallbackOptions, Meter
 
     from semhealth.collectors import StreamRecord, ValidityResult
     from semhealth.collectors.record import TraceRef
@@ -101,7 +103,7 @@ class EvaluationSettings:
 
     ``endpoint`` is the collector's URL: for ``grpc`` as the OTLP exporter takes it
     (``http://`` means a plaintext channel unless ``insecure`` says otherwise); for
-    ``http/protobuf`` either the base URL (``/v1/logs`` is appended) or the full logs URL.
+    ``http/protobuf`` the base URL (``/v1/logs`` is appended) or the full logs URL.
     """
 
     enabled: bool = False
@@ -180,38 +182,48 @@ def relevance_threshold(rules: Iterable[Rule], default: float = DEFAULT_THRESHOL
 def settings_from_config(
     block: Any,
     *,
+    forward: Any = None,
     service_name: str = "semhealth",
     resource_attributes: tuple[tuple[str, str], ...] = (),
     threshold: float = DEFAULT_THRESHOLD,
 ) -> EvaluationSettings:
     """``EvaluationSettings`` from the configuration's ``otlp_receiver.evaluation`` block.
 
-    Keys the block does not have keep their defaults; a ``relevance_threshold`` it sets wins
-    over ``threshold`` (the alert rules' floor).
+    Without an endpoint of its own the events go to ``forward`` (``otlp_receiver.forward``,
+    the next hop), with its headers, TLS choice and timeout; an endpoint of its own gets none
+    of forward's headers, which may be credentials for another host. The protocol is the
+    block's, else forward's. Keys neither has keep their defaults; a
+    ``relevance_threshold`` in the block wins over ``threshold`` (the alert rules' floor).
     """
     defaults = EvaluationSettings()
-
-    def get(name: str, fallback: Any) -> Any:
-        value = getattr(block, name, None)
-        return fallback if value is None else value
-
-    headers = get("headers", ())
+    endpoint = _get(block, "endpoint", None)
+    via_forward = endpoint is None and forward is not None
+    shared = forward if via_forward else block  # where the connection settings come from
+    headers = _get(shared, "headers", ())
     if isinstance(headers, Mapping):
         headers = tuple(headers.items())
     return EvaluationSettings(
-        enabled=bool(get("enabled", False)),
-        endpoint=get("endpoint", None),
-        protocol=get("protocol", defaults.protocol),
+        enabled=bool(_get(block, "enabled", False)),
+        endpoint=_get(forward, "endpoint", None) if via_forward else endpoint,
+        protocol=_get(block, "protocol", _get(forward, "protocol", defaults.protocol)),
         headers=tuple((str(k), str(v)) for k, v in headers),
-        insecure=getattr(block, "insecure", None),
-        timeout_s=float(get("timeout_s", defaults.timeout_s)),
-        relevance_threshold=float(get("relevance_threshold", threshold)),
+        insecure=_get(shared, "insecure", None),
+        timeout_s=float(_get(shared, "timeout_s", defaults.timeout_s)),
+        relevance_threshold=float(_get(block, "relevance_threshold", threshold)),
         service_name=service_name,
         resource_attributes=resource_attributes,
-        max_queue_size=int(get("max_queue_size", defaults.max_queue_size)),
-        max_export_batch_size=int(get("max_export_batch_size", defaults.max_export_batch_size)),
-        schedule_delay_s=float(get("schedule_delay_s", defaults.schedule_delay_s)),
+        max_queue_size=int(_get(block, "max_queue_size", defaults.max_queue_size)),
+        max_export_batch_size=int(
+            _get(block, "max_export_batch_size", defaults.max_export_batch_size)
+        ),
+        schedule_delay_s=float(_get(block, "schedule_delay_s", defaults.schedule_delay_s)),
     )
+
+
+def _get(block: Any, name: str, fallback: Any) -> Any:
+    """``block.name``, or ``fallback`` where the block lacks it (or is None) or it is None."""
+    value = getattr(block, name, None)
+    return fallback if value is None else value
 
 
 @dataclass(slots=True)
@@ -224,6 +236,11 @@ class EvaluationStats:
     dropped: dict[str, int] = field(default_factory=dict)  # by reason (QUEUE_FULL, ...)
     pending: int = 0  # emitted, not yet handed to the exporter
     untraced: int = 0  # records that carried no trace: nothing to put an event on
+
+    def copy(self) -> EvaluationStats:
+        return EvaluationStats(
+            self.emitted, self.exported, dict(self.dropped), self.pending, self.untraced
+        )
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + n
@@ -340,11 +357,12 @@ class _CountingExporter(LogRecordExporter):
 
 
 def logs_endpoint(endpoint: str, protocol: str) -> str:
-    """The URL the exporter is given: over HTTP a bare base URL gets ``/v1/logs``."""
+    """The URL the exporter is given: over HTTP a base URL (what ``otlp_receiver.forward``
+    takes) gets ``/v1/logs`` appended; a URL that already ends with it is kept."""
     if protocol == "grpc":
         return endpoint
-    path = urlsplit(endpoint).path
-    return endpoint.rstrip("/") + _LOGS_PATH if path in ("", "/") else endpoint
+    path = urlsplit(endpoint).path.rstrip("/")
+    return endpoint if path.endswith(_LOGS_PATH) else endpoint.rstrip("/") + _LOGS_PATH
 
 
 def build_exporter(settings: EvaluationSettings) -> LogRecordExporter:
@@ -394,6 +412,11 @@ class EvaluationEmitter:
         self._processor: BatchLogRecordProcessor | None = None
         self._logger: Logger | None = None
         self._stopped = False
+
+    def snapshot(self) -> EvaluationStats:
+        """A consistent copy of ``stats``, for readers on other threads (metric exports)."""
+        with self._lock:
+            return self.stats.copy()
 
     # -- lifecycle
 
@@ -478,6 +501,25 @@ class EvaluationEmitter:
             with self._lock:
                 stats.pending -= 1
                 stats.drop(ERROR)
+
+
+def observe_evaluation(meter: Meter, stats: Callable[[], EvaluationStats]) -> None:
+    """``semhealth_evaluation_events_total{result=exported|queue_full|export_failed|shutdown|
+    error}``: what became of each evaluation event."""
+
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        now = stats()
+        observations = [Observation(now.exported, {"result": "exported"})]
+        observations += [Observation(n, {"result": reason}) for reason, n in now.dropped.items()]
+        return observations
+
+    meter.create_observable_counter(
+        "semhealth_evaluation_events",
+        [callback],
+        description="gen_ai.evaluation.result events sent to otlp_receiver.evaluation's "
+        "endpoint (exported), or dropped: queue_full (the endpoint is slow or down), "
+        "export_failed (refused or unreachable), shutdown (still queued at shutdown).",
+    )
 
 
 def _close(provider: LoggerProvider, processor: BatchLogRecordProcessor, timeout_s: float) -> None:

@@ -9,8 +9,10 @@ bytes that arrive.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -263,8 +265,6 @@ async def test_a_failed_output_is_labelled_with_its_failure_and_the_response_id_
 
 
 def _with_response_id(record: StreamRecord, response_id: str) -> StreamRecord:
-    import dataclasses
-
     return dataclasses.replace(record, response_id=response_id)
 
 
@@ -412,11 +412,38 @@ def test_settings_from_a_config_block_keep_defaults_for_keys_it_lacks() -> None:
     assert settings.resource_attributes == (("k8s.pod.name", "p"),)
 
 
+def test_without_an_endpoint_of_its_own_events_go_to_the_next_hop_as_it_is_configured() -> None:
+    forward = SimpleNamespace(
+        endpoint="https://next:4317",
+        protocol="grpc",
+        headers=(("authorization", "Bearer next"),),
+        insecure=False,
+        timeout_s=3.0,
+    )
+    via_forward = settings_from_config(
+        SimpleNamespace(enabled=True, endpoint=None), forward=forward
+    )
+    assert (via_forward.endpoint, via_forward.protocol) == ("https://next:4317", "grpc")
+    assert via_forward.headers == (("authorization", "Bearer next"),)
+    assert (via_forward.insecure, via_forward.timeout_s) == (False, 3.0)
+    # An endpoint of its own: forward's protocol, none of forward's credentials.
+    own = settings_from_config(
+        SimpleNamespace(enabled=True, endpoint="http://evals:4317"), forward=forward
+    )
+    assert (own.endpoint, own.protocol, own.headers, own.insecure) == (
+        "http://evals:4317",
+        "grpc",
+        (),
+        None,
+    )
+
+
 @pytest.mark.parametrize(
     ("endpoint", "protocol", "url"),
     [
         ("http://c:4318", "http/protobuf", "http://c:4318/v1/logs"),
         ("http://c:4318/", "http/protobuf", "http://c:4318/v1/logs"),
+        ("https://c/otlp", "http/protobuf", "https://c/otlp/v1/logs"),
         ("https://c/otlp/v1/logs", "http/protobuf", "https://c/otlp/v1/logs"),
         ("http://c:4317", "grpc", "http://c:4317"),
     ],

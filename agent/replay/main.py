@@ -67,6 +67,8 @@ def _report(args: argparse.Namespace, outcome: Outcome) -> int:
     if outcome.pushed is not None:
         verdict = "pushed to" if outcome.pushed else "could NOT be pushed to"
         print(f"semhealth replay: metrics {verdict} {args.otlp_push}", file=sys.stderr)
+        if not outcome.pushed:
+            return 1  # the backfill asked for did not happen
     if args.report and not _write_report(run, args.report):
         return 1
     if not run.results:

@@ -26,6 +26,7 @@ from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
+from tests.agent.otlp_receiver import GrpcReceiver, resource_attributes
 from tests.agent.replay.traffic import CONTEXT, script_for, send_traffic
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -292,3 +293,34 @@ async def test_exit_codes(tmp_path: Path) -> None:
     config.write_text("alerts:\n  evaluation_interval_s: -1\n")
     bad = await asyncio.to_thread(_replay_cli, str(junk), "--config", str(config))
     assert bad.returncode == 2 and "alerts.evaluation_interval_s" in bad.stderr
+
+
+async def test_otlp_push_sends_the_replayed_metrics_once(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    await _record(path)
+    receiver = GrpcReceiver()
+    await receiver.start()
+    try:
+        done = await asyncio.to_thread(
+            _replay_cli, str(path), "--no-relevance", "--otlp-push", receiver.endpoint
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"metrics pushed to {receiver.endpoint}" in done.stderr
+        assert len(receiver.requests) == 1
+        values = receiver.values()
+        resource = resource_attributes(receiver.requests)
+    finally:
+        await receiver.shutdown()
+    requests = {
+        dict(attrs)["error_type"]: value
+        for (name, attrs), value in values.items()
+        if name == "semantic_health_requests"
+    }
+    assert requests == {"": 3, "client_aborted": 1}
+    assert resource["semhealth.replay"] is True
+    # Nothing listens there any more: the push fails, and says so.
+    down = await asyncio.to_thread(
+        _replay_cli, str(path), "--no-relevance", "--otlp-push", receiver.endpoint
+    )
+    assert down.returncode == 1
+    assert f"metrics could NOT be pushed to {receiver.endpoint}" in down.stderr

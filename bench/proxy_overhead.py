@@ -629,10 +629,14 @@ def nginx_version(nginx: str) -> str:
 
 
 async def wait_ready(
-    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes], what: str
+    session: aiohttp.ClientSession,
+    url: str,
+    proc: subprocess.Popen[bytes],
+    what: str,
+    timeout_s: float = READY_TIMEOUT_S,
 ) -> str | None:
     """Poll ``url`` until it answers 200; returns a reason when it never does."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"{what} exited with status {proc.returncode}"
@@ -641,7 +645,7 @@ async def wait_ready(
                 if response.status == 200:
                     return None
         await asyncio.sleep(0.05)
-    return f"{what} was not ready after {READY_TIMEOUT_S:.0f} s"
+    return f"{what} was not ready after {timeout_s:.0f} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -661,9 +665,10 @@ async def start_server(
     name: str,
     cmd: Sequence[str],
     ready_url: str,
+    timeout_s: float = READY_TIMEOUT_S,
 ) -> subprocess.Popen[bytes]:
     proc = group.spawn(name, cmd)
-    problem = await wait_ready(control, ready_url, proc, name)
+    problem = await wait_ready(control, ready_url, proc, name, timeout_s)
     if problem is not None:
         raise RuntimeError(f"{problem}\n{group.log_tail(proc)}")
     return proc

@@ -96,7 +96,7 @@ MESSAGE_ATTRIBUTES = frozenset(
     }
 )
 
-MAX_DEPTH = 32  # nesting of kvlists/arrays read; deeper values are "too_deep"
+MAX_DEPTH = 16  # nesting of kvlists/arrays read; deeper values are "too_deep"
 
 
 @dataclass(slots=True)

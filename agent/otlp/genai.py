@@ -123,6 +123,9 @@ class GenAITraces:
         self._clock = clock
         self._schemas = SchemaCache()
         self._traces: OrderedDict[bytes, _Trace] = OrderedDict()  # by last arrival
+        # Traces whose GenAI spans were built and that went quiet, remembered for another
+        # trace_wait_s so that what comes for them late is counted rather than held.
+        self._finished: OrderedDict[bytes, float] = OrderedDict()
         self._due: deque[tuple[float, bytes, bytes]] = deque()  # (deadline, trace, span) FIFO
         self._held = 0
         self.stats = GenAIStats()
@@ -199,10 +202,11 @@ class GenAITraces:
 
     def _add_retriever(self, span: Span, now: float, problems: Problems) -> None:
         self.stats.retriever_spans += 1
+        if self._is_finished(span.trace_id):
+            self.stats.late_documents += 1
+            return
         documents = _documents(span, self._attributes(span.attributes, problems), problems)
         trace = self._touch(span.trace_id, now)
-        if trace.emitted and not trace.spans:
-            self.stats.late_documents += 1
         trace.documents.extend(documents)
         trace.held += 1
         self._held += 1
@@ -217,6 +221,9 @@ class GenAITraces:
             return
         if self._held >= self._settings.max_pending_spans:
             self.stats.shed_events += 1
+            return
+        if self._is_finished(record.trace_id):
+            self.stats.orphan_events += 1
             return
         event = self._event(
             name,
@@ -315,15 +322,27 @@ class GenAITraces:
         return 1
 
     def _expire(self, now: float) -> None:
+        self._expire_traces(now)
+        while self._finished and next(iter(self._finished.values())) <= now:
+            self._finished.popitem(last=False)
+
+    def _expire_traces(self, now: float) -> None:
         """Forget traces nothing arrived for within ``trace_wait_s`` and that hold no span."""
         while self._traces:
             trace_id, trace = next(iter(self._traces.items()))
             if trace.deadline > now or trace.spans:
                 return
             del self._traces[trace_id]
+            if trace.emitted:
+                self._finished[trace_id] = now + self._settings.trace_wait_s
+                if len(self._finished) > self._settings.max_pending_spans:
+                    self._finished.popitem(last=False)
             early = sum(len(events) for events in trace.early_events.values())
             self.stats.orphan_events += early
             self._held -= trace.held
+
+    def _is_finished(self, trace_id: bytes) -> bool:
+        return trace_id in self._finished and trace_id not in self._traces
 
     @property
     def pending(self) -> int:

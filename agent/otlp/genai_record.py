@@ -177,12 +177,20 @@ def _request_facts(
     if tools:
         body["tools"] = tools
     facts, prompt_class = extract_request(
-        orjson.dumps(body), "openai_chat", Extract(), long_context_tokens=long_context
+        orjson.dumps(body, default=_no_json),
+        "openai_chat",
+        Extract(),
+        long_context_tokens=long_context,
     )
     if conversation.turns is None and not conversation.system:
         # Content was not captured: the request is known only by its attributes.
         facts = dataclasses.replace(facts, analysed=False, skip_reason="not_recorded")
     return facts, prompt_class
+
+
+def _no_json(_value: Any) -> None:
+    """JSON has no form for bytes (an OTLP value type): such a value reads as null."""
+    return None
 
 
 def _chat_messages(turn: Turn) -> list[dict[str, Any]]:

@@ -298,7 +298,8 @@ def _event_output(events: list[SpanEvent], problems: Problems) -> list[Choice] |
     choices: dict[int, Choice] = {}
     for body in bodies:
         if not isinstance(body, dict):
-            problems.add("wrong_type")
+            if body is not None:  # None: the body was not recorded
+                problems.add("wrong_type")
             continue
         index = body.get("index")
         message = body.get("message")
@@ -427,10 +428,7 @@ def _as_text(value: Any) -> str:
         return ""
     if isinstance(value, str):
         return value
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # bytes and other values JSON has no form for
-        return ""
+    return orjson.dumps(value, default=lambda _: None).decode()  # bytes read as null
 
 
 def _dicts(items: Any, problems: Problems) -> list[dict[str, Any]]:

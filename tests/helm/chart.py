@@ -162,6 +162,38 @@ _COMMON: dict[str, Any] = {
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}},
         },
         "metricsPort": 9091,
+        "networkPolicy": {
+            "enabled": True,
+            # Selectors merge with the defaults: null removes a default label.
+            "clients": {
+                "podSelector": {
+                    "matchLabels": {
+                        "semhealth.io/injected": None,
+                        "app.kubernetes.io/part-of": "llm-apps",
+                    }
+                },
+                "namespaceSelector": {"matchLabels": None},
+            },
+            "metrics": {
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": None, "app": "prom"}},
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": None, "team": "observability"}
+                },
+            },
+        },
+    },
+    "adminWebConfig": {
+        "enabled": True,
+        "secretName": "sh-admin-web",
+        "webConfig": {
+            "tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"},
+            "http_server_config": {"headers": {"X-Content-Type-Options": "nosniff"}},
+            # A bcrypt hash of "chart-test" (cost 4): only its shape is checked here.
+            "basic_auth_users": {
+                "prometheus": "$2b$04$FTLbEIa8Yc7ZvvRcNf5x6OmHj2g3aR9OJLGvBQs9DBgkoKUM.BUBO"
+            },
+        },
+        "files": {"tls.crt": "PEM certificate", "tls.key": "PEM key"},
     },
     "podMonitor": {
         "enabled": True,
@@ -171,6 +203,15 @@ _COMMON: dict[str, Any] = {
         "interval": "15s",
         "scrapeTimeout": "5s",
         "labels": {"release": "kube-prometheus-stack"},
+        "scheme": "https",
+        "basicAuth": {
+            "username": {"name": "semhealth-scrape", "key": "username"},
+            "password": {"name": "semhealth-scrape", "key": "password"},
+        },
+        "tlsConfig": {
+            "ca": {"secret": {"name": "semhealth-scrape", "key": "ca.crt"}},
+            "serverName": "semhealth-admin",
+        },
     },
     "serviceMonitor": {
         "enabled": True,
@@ -241,6 +282,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
                 },
             },
             "prometheusRule": {"alerts": False},
+            "adminWebConfig": {"existingSecret": "my-admin-web"},
             "scorer": {
                 "autoscaling": {
                     "metrics": [

@@ -70,6 +70,9 @@ class UpstreamSettings:
 class ListenSettings:
     header_timeout_s: float = 30.0  # from a request's first byte to its last header
     keepalive_timeout_s: float = 75.0  # an idle client connection is closed after this
+    # Past these (0: no limit), a new connection, or a request, gets a marked 503 at once.
+    max_client_connections: int = 0
+    max_upstream_requests: int = 0  # exchanges relayed upstream at once
 
 
 @dataclass(slots=True)
@@ -145,7 +148,23 @@ _ERRORS = {
         "the upstream's response was not valid HTTP/1.1",
     ),
     "not_ready": (503, b"Service Unavailable", "semhealth is starting or stopping"),
+    "upstream_concurrency_limit": (
+        503,
+        b"Service Unavailable",
+        "semhealth has dataplane.max_upstream_requests requests upstream already; retry",
+    ),
 }
+# Answered as the connection opens, before its request is read; then the write side is
+# shut and what the client sends is read and dropped, so it can read the answer before
+# the connection ends (closing with its request unread would reset it).
+_TOO_MANY = _error_response(
+    503,
+    b"Service Unavailable",
+    "too_many_connections",
+    "semhealth has dataplane.max_client_connections connections open; retry",
+    True,
+)
+_LINGER_S = 2.0
 
 _REJECTS = {
     "malformed": (400, b"Bad Request"),
@@ -339,6 +358,10 @@ class _Exchange:
         relay = self.relay
         if relay.closing:
             self.fail("not_ready")
+            return
+        limit = relay.listen_settings.max_upstream_requests
+        if limit and relay.active > limit:  # this exchange is counted in active already
+            self.fail("upstream_concurrency_limit", rejected=True)
             return
         conn = relay.pool.take(relay.loop.time())
         if conn is not None:
@@ -634,16 +657,20 @@ class _Exchange:
 
     # -- ending
 
-    def fail(self, kind: str) -> None:
-        """No response head reached the client: answer with the relay's own error."""
+    def fail(self, kind: str, *, rejected: bool = False) -> None:
+        """No response head reached the client: answer with the relay's own error. A
+        ``rejected`` request never went upstream: counted as rejected, not analysed."""
         if self.finished:
             return
         status, reason, message = _ERRORS[kind]
-        self.relay.stats.error(kind)
         self.upstream_reusable = False
         self.close_client = self.close_client or not self.request.complete
         self.client.write(_error_response(status, reason, kind, message, self.close_client))
-        self.stream = self.relay.open_stream(self.request, status=status)
+        if rejected:
+            self.relay.stats.reject(kind)
+        else:
+            self.relay.stats.error(kind)
+            self.stream = self.relay.open_stream(self.request, status=status)
         self.outcome.error_type = kind
         self.finish()
 
@@ -727,6 +754,7 @@ class _ClientConnection(asyncio.Protocol):
         self.closing = False
         self.close_after = False  # close once the exchange in progress is done
         self.write_paused = False
+        self.used = False  # a request began on it (an idle timeout then is no rejection)
 
     # -- asyncio.Protocol
 
@@ -734,9 +762,14 @@ class _ClientConnection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
-        self.relay.stats.connections += 1
-        self.relay.clients.add(self)
-        self._arm(self.relay.listen_settings.keepalive_timeout_s, "idle")
+        relay = self.relay
+        relay.stats.connections += 1
+        limit = relay.listen_settings.max_client_connections
+        if limit and len(relay.clients) >= limit:
+            self._refuse()
+            return
+        relay.clients.add(self)
+        self._arm(relay.listen_settings.keepalive_timeout_s, "idle")
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -853,6 +886,7 @@ class _ClientConnection(asyncio.Protocol):
     def _begin(self, request: _Request) -> None:
         relay = self.relay
         relay.stats.requests += 1
+        self.used = True
         exchange = self.exchange = _Exchange(self, request)
         relay.active += 1
         answer = relay.local(request.method, request.url) if relay.local is not None else None
@@ -942,12 +976,33 @@ class _ClientConnection(asyncio.Protocol):
 
     def _expired(self, why: str) -> None:
         self.timer = None
+        if why == "linger":
+            if self.transport is not None:
+                self.transport.abort()
+            return
         if self.exchange is not None or self.closing:
             return
         if why == "header" and self.parsing is not None:
             self.reject("header_timeout")
+            return
+        if not self.used:
+            # Opened and never used: what a slow-loris or a port scan leaves behind. A kept-
+            # alive connection closing after its requests is ordinary HTTP, not counted.
+            self.relay.stats.reject("idle_timeout")
+        self.close()
+
+    def _refuse(self) -> None:
+        """Past max_client_connections: a marked 503, then linger (see _TOO_MANY)."""
+        self.relay.stats.reject("too_many_connections")
+        self.closing = True
+        transport = self.transport
+        assert transport is not None
+        transport.write(_TOO_MANY)
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.timer = self.relay.loop.call_later(_LINGER_S, self._expired, "linger")
         else:
-            self.close()
+            transport.close()
 
     def close(self) -> None:
         self.closing = True

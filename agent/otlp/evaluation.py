@@ -463,7 +463,7 @@ class EvaluationEmitter:
             return
         attributes = validity_attributes(record.validity, record.response_id)
         if attributes is not None:
-            self._emit(ref, attributes)
+            self._emit(span_context(ref), attributes)
 
     def record_relevance(self, record: StreamRecord, scores: RelevanceScores) -> None:
         """Context and answer relevance of a traced record, where each was scored."""
@@ -471,11 +471,12 @@ class EvaluationEmitter:
         if ref is None:
             return
         threshold = self._settings.relevance_threshold
+        parent = span_context(ref)  # one context for both events
         for name, score in ((CONTEXT_RELEVANCE, scores.context), (ANSWER_RELEVANCE, scores.answer)):
             if score is not None:
-                self._emit(ref, relevance_attributes(name, score, threshold, record.response_id))
+                self._emit(parent, relevance_attributes(name, score, threshold, record.response_id))
 
-    def _emit(self, ref: TraceRef, attributes: dict[str, AnyValue]) -> None:
+    def _emit(self, parent: Context, attributes: dict[str, AnyValue]) -> None:
         logger = self._logger
         stats = self.stats
         with self._lock:
@@ -491,7 +492,7 @@ class EvaluationEmitter:
         try:
             logger.emit(
                 timestamp=self._clock(),
-                context=span_context(ref),
+                context=parent,
                 severity_number=SeverityNumber.INFO,
                 event_name=EVENT_NAME,
                 attributes=attributes,

@@ -210,6 +210,15 @@ async def test_users_reload_from_disk_and_a_bad_file_keeps_the_last_good(pki: Pk
         assert (await _get(metrics, headers=_auth()))[0] == 200
 
 
+async def test_the_rate_limit_answers_429_and_spares_the_probes(pki: Pki) -> None:
+    path = pki.folder / "web.yml"
+    path.write_text(web_yml(users=False) + "rate_limit: {interval: 1h, burst: 2}\n")
+    async with in_process(path) as agent:
+        statuses = [(await _get(agent.admin_url + "/metrics"))[0] for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        assert (await _get(agent.admin_url + "/readyz"))[0] == 200
+
+
 async def test_mutual_tls_needs_a_client_certificate_and_checks_its_sans(pki: Pki) -> None:
     path = pki.folder / "web.yml"
     mtls = "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"

@@ -36,6 +36,13 @@ OTLP_EXAMPLES = {
     "http/protobuf": "http://otel-collector:4318/v1/metrics",
 }
 
+# The OTLP receiver forwards every signal, so its next hop is a base URL (or gRPC address).
+FORWARD_EXAMPLES = {
+    "grpc": "http://otel-collector:4317",
+    "http/protobuf": "http://otel-collector:4318",
+}
+SIGNAL_PATHS = ("/v1/traces", "/v1/logs", "/v1/metrics")
+
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _ROUTE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
@@ -159,7 +166,10 @@ def url_problems(url: str, *, example: str, credentials_fix: str) -> list[tuple[
     return problems
 
 
-def upstream_url_issues(url: str | None) -> list[ConfigIssue]:
+def upstream_url_issues(url: str | None, *, required: bool = True) -> list[ConfigIssue]:
+    """``required`` False: an agent with an OTLP receiver may run without a proxy."""
+    if url is None and not required:
+        return []
     if not url:
         return [ConfigIssue("url", "no upstream URL is set", "set upstream.url or pass --upstream")]
     problems = url_problems(
@@ -355,6 +365,51 @@ def _endpoint_path_problems(path: str, protocol: str) -> list[tuple[str, str]]:
             (
                 "gRPC ignores the URL's path",
                 "remove the path, or set protocol: http/protobuf if this is an OTLP/HTTP URL",
+            )
+        ]
+    return []
+
+
+def forward_endpoint_issues(endpoint: str, protocol: str) -> list[ConfigIssue]:
+    """The OTLP receiver's next hop: for http/protobuf a base URL that each signal's path
+    is appended to, for grpc a bare ``http(s)://HOST:PORT``; never echoed."""
+    example = FORWARD_EXAMPLES.get(protocol, FORWARD_EXAMPLES["grpc"])
+    if not endpoint:
+        return [ConfigIssue("endpoint", "the endpoint is empty", "set a URL, or null for none")]
+    problems = url_problems(
+        endpoint,
+        example=example,
+        credentials_fix="remove them; send credentials in otlp_receiver.forward.headers",
+    )
+    path = urlsplit(endpoint).path if not problems else ""
+    if protocol == "grpc" and path not in ("", "/"):
+        problems.append(
+            (
+                "gRPC ignores the URL's path",
+                "remove the path, or set protocol: http/protobuf if this is an OTLP/HTTP URL",
+            )
+        )
+    elif protocol == "http/protobuf" and path.rstrip("/").endswith(SIGNAL_PATHS):
+        # Each signal has its own path; a signal's path here would be doubled.
+        problems.append(
+            (
+                "the URL ends with a signal's path, but /v1/traces, /v1/logs and /v1/metrics"
+                " are appended to it",
+                f"give the base URL, e.g. {FORWARD_EXAMPLES['http/protobuf']}",
+            )
+        )
+    return [ConfigIssue("endpoint", message, fix) for message, fix in problems]
+
+
+def port_clash(name: str, address: Any, other_name: str, other: Any) -> list[ConfigIssue]:
+    """``address`` (at ``name``) and ``other`` listen on the same port of one host."""
+    same_host = address.host == other.host or bool({address.host, other.host} & WILDCARD_HOSTS)
+    if address.port == other.port != 0 and same_host:
+        return [
+            ConfigIssue(
+                name,
+                f"{name} ({address}) and {other_name} ({other}) use the same port",
+                f"give {name} a port of its own",
             )
         ]
     return []

@@ -130,12 +130,12 @@ class Timeouts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Upstream:
-    url: str | None = None  # required: the file, $SEMHEALTH_UPSTREAM__URL or --upstream
+    url: str | None = None  # the file, $SEMHEALTH_UPSTREAM__URL or --upstream; None: no proxy
     tls: TLS = field(default_factory=TLS)
     timeouts: Timeouts = field(default_factory=Timeouts)
 
-    def validate(self) -> list[ConfigIssue]:
-        issues = checks.upstream_url_issues(self.url)
+    def validate(self, *, required: bool = True) -> list[ConfigIssue]:
+        issues = checks.upstream_url_issues(self.url, required=required)
         issues += checks.under("tls", self.tls.validate())
         issues += checks.under("timeouts", self.timeouts.validate())
         plain = self.url is not None and self.url.lower().startswith("http://")
@@ -378,6 +378,91 @@ def _rule_issues(error: RuleError, files: Sequence[str]) -> list[ConfigIssue]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Forward:
+    """Where everything the OTLP receiver accepts goes next, unchanged; ``endpoint`` None
+    means nowhere. For grpc the collector's ``http(s)://HOST:PORT``; for http/protobuf its
+    base URL, to which ``/v1/traces``, ``/v1/logs`` and ``/v1/metrics`` are appended."""
+
+    endpoint: str | None = None
+    protocol: str = "grpc"  # one of OTLP_PROTOCOLS
+    headers: tuple[tuple[str, str], ...] = ()  # names in lower case, as gRPC metadata needs
+    timeout_s: float = 10  # of one attempt
+    insecure: bool | None = None  # gRPC only; None: the endpoint's scheme decides
+    max_queue_bytes: int = 64 * 1024 * 1024  # waiting for the next hop; past it, oldest dropped
+    max_age_s: float = 300  # longest a request waits for the next hop before it is dropped
+
+    def validate(self) -> list[ConfigIssue]:
+        issues = checks.protocol_issues(self.protocol, OTLP_PROTOCOLS)
+        if self.endpoint is not None:
+            issues += checks.forward_endpoint_issues(self.endpoint, self.protocol)
+        issues += checks.insecure_issues(self.insecure, self.endpoint, self.protocol)
+        issues += checks.header_issues(self.headers)
+        return (
+            issues
+            + checks.positive("timeout_s", self.timeout_s)
+            + checks.positive("max_age_s", self.max_age_s)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """``gen_ai.evaluation.result`` events on the judged spans' traces."""
+
+    enabled: bool = False
+    endpoint: str | None = None  # None: forward.endpoint, with forward's protocol
+
+    def validate(self, protocol: str) -> list[ConfigIssue]:
+        """``protocol``: forward's, which the events are sent with."""
+        if self.endpoint is None:
+            return []
+        return checks.forward_endpoint_issues(self.endpoint, protocol)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OTLPReceiver:
+    """The OTLP receiver: GenAI telemetry in, the same records as the proxy's, everything
+    forwarded. Off unless ``grpc_listen`` or ``http_listen`` is set."""
+
+    grpc_listen: Address | None = None
+    http_listen: Address | None = None
+    max_message_bytes: int = 16 * 1024 * 1024  # one request, after decompression
+    max_spans_per_request: int = 10_000  # spans or log records; a larger request is refused
+    max_queue_bytes: int = 64 * 1024 * 1024  # requests waiting for the GenAI mapping
+    max_pending_spans: int = 10_000  # GenAI and retriever spans held for their trace
+    trace_wait_s: float = 2.0  # how long a GenAI span waits for the rest of its trace
+    route_attribute: str = "service.name"  # the resource or span attribute naming the route
+    forward: Forward = field(default_factory=Forward)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+
+    @property
+    def enabled(self) -> bool:
+        return self.grpc_listen is not None or self.http_listen is not None
+
+    def validate(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        listeners = {"grpc_listen": self.grpc_listen, "http_listen": self.http_listen}
+        for name, address in listeners.items():
+            if address is not None:
+                issues += checks.under(name, address.validate())
+        if self.grpc_listen is not None and self.http_listen is not None:
+            issues += checks.port_clash(
+                "http_listen", self.http_listen, "grpc_listen", self.grpc_listen
+            )
+        issues += checks.positive("trace_wait_s", self.trace_wait_s)
+        issues += checks.under("forward", self.forward.validate())
+        issues += checks.under("evaluation", self.evaluation.validate(self.forward.protocol))
+        if self.evaluation.enabled and not (self.evaluation.endpoint or self.forward.endpoint):
+            issues.append(
+                ConfigIssue(
+                    "evaluation.enabled",
+                    "evaluation is on but has nowhere to send its events",
+                    "set otlp_receiver.evaluation.endpoint or otlp_receiver.forward.endpoint",
+                )
+            )
+        return issues
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     upstream: Upstream = field(default_factory=Upstream)
     listen: Listen = field(default_factory=Listen)
@@ -387,10 +472,13 @@ class Config:
     telemetry: Telemetry = field(default_factory=Telemetry)
     relevance: Relevance = field(default_factory=Relevance)
     alerts: Alerts = field(default_factory=Alerts)
+    otlp_receiver: OTLPReceiver = field(default_factory=OTLPReceiver)
 
     def validate(self) -> list[ConfigIssue]:
+        # A receiver-only agent runs no proxy, so it needs no upstream.
+        upstream = self.upstream.validate(required=not self.otlp_receiver.enabled)
         return (
-            checks.under("upstream", self.upstream.validate())
+            checks.under("upstream", upstream)
             + checks.under("listen", self.listen.validate())
             + checks.under("dataplane", self.dataplane.validate())
             + validate_collectors(self.collectors)
@@ -398,11 +486,29 @@ class Config:
             + checks.under("telemetry", self.telemetry.validate())
             + checks.under("relevance", self.relevance.validate())
             + checks.under("alerts", self.alerts.validate())
+            + checks.under("otlp_receiver", self.otlp_receiver.validate())
+            + checks.under("otlp_receiver", self._receiver_clashes())
         )
+
+    def _receiver_clashes(self) -> list[ConfigIssue]:
+        """Receiver ports that another listener of this agent already uses."""
+        receiver = self.otlp_receiver
+        others = {"listen.admin": self.listen.admin}
+        if self.upstream.url is not None:
+            others["listen.proxy"] = self.listen.proxy
+        issues = []
+        for name in ("grpc_listen", "http_listen"):
+            address = getattr(receiver, name)
+            if address is None:
+                continue
+            for other_name, other in others.items():
+                issues += checks.port_clash(name, address, other_name, other)
+        return issues
 
 
 def default_config() -> Config:
-    """The configuration with every default; not valid until ``upstream.url`` is set."""
+    """The configuration with every default; not valid until ``upstream.url`` (or an OTLP
+    receiver's listener) is set."""
     return Config()
 
 

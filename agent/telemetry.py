@@ -42,6 +42,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from semhealth.agent import metrics as m
 from semhealth.agent.alerting import AlertingStats
+from semhealth.agent.otlp.intake import IntakeStats
+from semhealth.agent.otlp.metrics import observe_otlp
 from semhealth.agent.recorder import ConsumeSample, Recorder, RecorderSettings
 from semhealth.agent.relevance import RelevanceStats
 from semhealth.agent.tap import TapStats
@@ -167,6 +169,7 @@ class Telemetry:
         consume_sample: ConsumeSample | None = None,
         alerting_stats: Callable[[], AlertingStats | None] = lambda: None,
         background_failures: Callable[[], dict[str, int]] = dict,
+        otlp_stats: Callable[[], IntakeStats | None] = lambda: None,
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
@@ -200,7 +203,9 @@ class Telemetry:
             description="Background tasks of the analysis plane that died (a bug: please "
             "report); the analysis process restarts, one process turns /readyz to 503.",
         )
+        self._otlp_stats = otlp_stats
         self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats, alerting_stats)
+        observe_otlp(meter, otlp_stats)
         self._observe_alerting(meter, alerting_stats)
         self._lifecycle = threading.Lock()
         self._started = False
@@ -316,6 +321,8 @@ class Telemetry:
                 # Samples the evaluator never saw: its buffer was full, or a rule held its
                 # maximum of groups.
                 "alerts": alerts.samples_shed + alerts.evaluator.groups_dropped if alerts else 0,
+                # Spans received over OTLP (and forwarded) that the GenAI mapping never saw.
+                "otlp": sum(otlp.receiver.shed.values()) if (otlp := self._otlp_stats()) else 0,
             }
 
         meter.create_observable_counter(

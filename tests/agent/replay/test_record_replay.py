@@ -12,18 +12,20 @@ import asyncio
 import os
 import stat
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
 from semhealth.agent.app import Agent, Settings
-from semhealth.agent.replay.inputs import read_file
+from semhealth.agent.replay.inputs import ExchangeInput, read_file
 from semhealth.agent.replay.pipeline import build_records
 from semhealth.agent.replay.run import Options, replay
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.agent.simulator import SimulatedUpstream
+from semhealth.agent.simulator import RawScript, ScriptRequest, SimulatedUpstream
 from semhealth.collectors import StreamRecord
 from semhealth.embeddings import LocalBackend, RelevanceScores
 from tests.agent.conftest import agent_config
@@ -202,3 +204,88 @@ async def test_semhealth_run_record_in_its_own_processes_then_replay(tmp_path: P
     assert sorted(r["error_type"] for r in results) == ["", "", "", "client_aborted"]
     assert sum(bool(r["validity"]) for r in results) == 2  # JSON mode and the tool call
     assert b"chat_completions" in stdout
+
+
+def _sse(i: int) -> bytes:
+    return f'data: {{"choices":[{{"delta":{{"content":"piece {i:03d} "}}}}]}}\n\n'.encode()
+
+
+GZIP_STREAM = (lambda c: c.compress(b"".join(_sse(i) for i in range(20))) + c.flush())(
+    zlib.compressobj(wbits=31)
+)
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _raw_script(request: ScriptRequest) -> RawScript:
+    """Byte-exact answers: gzip in three chunks, or a stream longer than the analysis cap."""
+    if request.path.endswith("/gzip/chat/completions"):
+        third = len(GZIP_STREAM) // 3
+        parts = (GZIP_STREAM[:third], GZIP_STREAM[third : 2 * third], GZIP_STREAM[2 * third :])
+        return RawScript(
+            chunks=parts,
+            gaps_s=0.01,
+            content_type="text/event-stream",
+            headers={"Content-Encoding": "gzip"},
+        )
+    return RawScript(
+        chunks=tuple(_sse(i) for i in range(120)), gaps_s=0.002, content_type="text/event-stream"
+    )
+
+
+async def test_gzip_truncated_and_traced_exchanges_replay_to_the_same_records(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "raw.jsonl"
+    upstream = SimulatedUpstream(_raw_script)
+    await upstream.start()
+    records: list[StreamRecord] = []
+    # A 2 KiB analysis cap: the long stream is truncated, and only its first ~2 KiB recorded.
+    config = agent_config(
+        upstream.url, **{"limits.max_response_bytes": 2048, "limits.max_frame_bytes": 1024}
+    )
+    agent = Agent(
+        config, Settings(consumers=[records.append], record=RecordSettings(path=str(path)))
+    )
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    try:
+        await agent.start()
+        async with aiohttp.ClientSession(auto_decompress=False) as client:
+            for where in ("/gzip/chat/completions", "/v1/chat/completions"):
+                async with client.post(
+                    agent.proxy_url + where, json=body, headers={"traceparent": TRACEPARENT}
+                ) as response:
+                    assert response.status == 200
+                    await response.read()
+        for _ in range(200):
+            if len(records) == 2:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await agent.shutdown()
+        await upstream.shutdown()
+    built = build_records(read_file(str(path)), config)
+    assert built.problems == []
+    replayed = {
+        record.route + str(record.truncated): record for record in map(_record, built.records)
+    }
+    live = {record.route + str(record.truncated): record for record in records}
+    assert set(replayed) == set(live) and len(live) == 2
+    for name, record in live.items():
+        assert comparable(replayed[name]) == comparable(record)
+    truncated = next(r for r in live.values() if r.truncated)
+    assert truncated.response_bytes == sum(len(_sse(i)) for i in range(120))
+    gzipped = next(r for r in live.values() if not r.truncated)
+    assert gzipped.output_text == "".join(f"piece {i:03d} " for i in range(20))
+    assert gzipped.trace is not None and gzipped.trace.trace_id == TRACEPARENT.split("-")[1]
+    # The long stream's bytes past the cap are counted, not stored.
+    inputs = [item for item in read_file(str(path)) if isinstance(item, ExchangeInput)]
+    (long,) = [item.recorded for item in inputs if item.recorded.elided_bytes]
+    stored = sum(len(chunk) for _offset, chunk in long.chunks)
+    # Chunks are what TCP delivered: the one that crossed the cap is the last one kept.
+    assert stored - len(long.chunks[-1][1]) <= 2048 < stored
+    assert stored + long.elided_bytes == truncated.response_bytes
+
+
+def _record(replayed: Any) -> StreamRecord:
+    record: StreamRecord = replayed.record
+    return record

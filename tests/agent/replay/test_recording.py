@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.collectors import Exchange
 from tests.agent.conftest import agent_config
 from tests.agent.replay.traffic import script_for
+from tests.agent.test_cli import _env
 
 DEV_FULL = Path("/dev/full")
 
@@ -141,3 +144,18 @@ async def test_a_full_disk_is_counted_logged_once_and_forwarding_goes_on(
     assert len(failures) == 1
     assert "ENOSPC" in failures[0].getMessage()
     assert "hi" not in failures[0].getMessage()
+
+
+def test_a_record_file_that_cannot_be_opened_stops_start_up(tmp_path: Path) -> None:
+    where = tmp_path / "no-such-dir" / "rec.jsonl"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "semhealth.agent.cli", "run",
+            "--upstream", "http://127.0.0.1:9",
+            "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+            "--record", str(where),
+        ],
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert str(where) in done.stderr and "No such file or directory" in done.stderr

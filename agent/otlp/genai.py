@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -107,7 +109,10 @@ class _Trace:
 
 
 class GenAITraces:
-    """Builds one ``StreamRecord`` per GenAI span and hands it to ``consume_record``."""
+    """Builds one ``StreamRecord`` per GenAI span and hands it to ``consume_record``.
+
+    Not thread-safe: call every method from one thread (the receiver's event loop).
+    """
 
     def __init__(
         self,
@@ -174,9 +179,9 @@ class GenAITraces:
                 self._add_retriever(span, now, problems)
             else:
                 self._add_genai(span, route, now, problems)
-        except Exception:  # a bad span must never fail the receiver's request
+        except Exception as exc:  # a bad span must never fail the receiver's request
             problems.add("unreadable")
-            log.exception("a span could not be read (its content is not logged)")
+            _log_failure("a span could not be read", exc)
 
     def _add_genai(self, span: Span, route: str | None, now: float, problems: Problems) -> None:
         self.stats.genai_spans += 1
@@ -261,9 +266,9 @@ class GenAITraces:
                 attributes=self._attributes(attributes, problems),
                 body=plain(body, problems) if body is not None else None,
             )
-        except Exception:
+        except Exception as exc:
             problems.add("unreadable")
-            log.exception("an event could not be read (its content is not logged)")
+            _log_failure("an event could not be read", exc)
             return None
 
     def _attributes(self, attributes: Any, problems: Problems) -> dict[str, Any]:
@@ -311,9 +316,9 @@ class GenAITraces:
         problems = Problems()
         try:
             record = build_record(span, documents, self._config, self._schemas, problems)
-        except Exception:  # one bad span must not stop the others
+        except Exception as exc:  # one bad span must not stop the others
             problems.add("unreadable")
-            log.exception("a GenAI span could not be turned into a record (content not logged)")
+            _log_failure("a GenAI span could not be turned into a record", exc)
             self.stats.count(problems)
             return 0
         self.stats.count(problems)
@@ -348,6 +353,13 @@ class GenAITraces:
     def pending(self) -> int:
         """Spans and events held now (what ``max_pending_spans`` bounds)."""
         return self._held
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """Where it failed, never the message: an exception's text may quote the content."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+    log.error("%s (%s at %s); its content is not logged", what, type(exc).__name__, where)
 
 
 # --- classification -------------------------------------------------------------------------

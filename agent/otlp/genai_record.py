@@ -121,8 +121,9 @@ def build_record(
         tool_calls=tuple(choice.tool_calls),
         usage=usage,
         finish_reason=finish,
-        # The instrumentation saw the response end when it recorded why it finished.
-        done=finish is not None and status < 400,
+        # The instrumentation saw the response end when it recorded why it finished
+        # (openai-v2 writes "error" for a stream that ended without a finish reason).
+        done=finish is not None and finish != "error" and status < 400,
         streamed=facts.stream or bool(chunks),
         error_type=_error_type(attrs, status, span.error),
         truncated=conversation.output_oversized,

@@ -18,8 +18,9 @@ What the instrumentations record (pinned in pyproject.toml):
   ``gen_ai.request.structured_output_schema`` for JSON mode, and one
   ``gen_ai.content.completion.chunk`` span event per chunk (the only per-chunk times any of
   them records). With ``use_attributes=False`` it emits the older message events instead; for
-  a stream, its ``gen_ai.choice`` event leaves the span's context (trace and span ids zero),
-  so the answer cannot be tied to the span and the record has none.
+  a stream, its ``gen_ai.choice`` event is emitted outside the chat span's context (with the
+  app's current span, or none), so the answer cannot be tied to the span and the record has
+  none.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from semhealth.collectors import StreamRecord, ValidityResult
 
 ROOT = Path(__file__).resolve().parents[3]
 SYSTEM = "Paris is the capital of France. It lies on the Seine."
+DOCUMENT = "France's capital has been Paris since the tenth century."
 QUESTION = "What is the capital of France?"
 PIECES = ("The", " capital", " is", " Paris", ".")
 JSON_PIECES = ('{"city":', ' "Paris"}')
@@ -88,11 +90,16 @@ def _records(
 
 
 def _span_ids(spans: ExportTraceServiceRequest) -> list[tuple[str, str]]:
+    """(trace id, span id) of the chat spans the app exported, in start order."""
     found = [
         (s.start_time_unix_nano, s.trace_id.hex(), s.span_id.hex())
         for rs in spans.resource_spans
         for ss in rs.scope_spans
         for s in ss.spans
+        if any(
+            kv.key == "gen_ai.operation.name" and kv.value.string_value == "chat"
+            for kv in s.attributes
+        )
     ]
     return [(t, s) for _, t, s in sorted(found)]
 
@@ -110,14 +117,19 @@ def _check_common(record: StreamRecord, ids: tuple[str, str]) -> None:
     assert record.start_ns < record.end_ns
 
 
-def _check_full(records: list[StreamRecord], spans: ExportTraceServiceRequest) -> None:
+def _check_full(
+    records: list[StreamRecord],
+    spans: ExportTraceServiceRequest,
+    context: tuple[str, ...] = (SYSTEM,),
+) -> None:
     plain, json_mode = records
     ids = _span_ids(spans)
+    assert len(ids) == 2
     _check_common(plain, ids[0])
     _check_common(json_mode, ids[1])
     assert plain.request.analysed
     assert plain.request.query == QUESTION
-    assert plain.request.context == (SYSTEM,)
+    assert plain.request.context == context
     assert plain.output_text == "".join(PIECES)
     assert plain.finish_reason == "stop"
     assert plain.done
@@ -127,12 +139,21 @@ def _check_full(records: list[StreamRecord], spans: ExportTraceServiceRequest) -
     assert json_mode.validity == (ValidityResult("valid"),)
 
 
-@pytest.mark.parametrize("mode", ["openai_v2", "openai_v2_event_only"])
-def test_openai_v2_streamed_chat(mode: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "context"),
+    [
+        # util-genai's retrieval span, in the same trace, records its documents on the span
+        # when content is captured on spans; the system message is context either way.
+        ("openai_v2", (SYSTEM, DOCUMENT)),
+        ("openai_v2_event_only", (SYSTEM,)),
+    ],
+)
+def test_openai_v2_streamed_chat(mode: str, context: tuple[str, ...], tmp_path: Path) -> None:
     spans, logs = _run_app(mode, tmp_path)
     records, traces = _records(spans, logs)
     assert len(records) == 2
-    _check_full(records, spans)
+    _check_full(records, spans, context)
+    assert traces.stats.retriever_spans == 1
     for record in records:
         # openai-v2 2.4b0 records neither the time to the first chunk nor per-chunk times.
         assert record.first_byte_ns is None
@@ -176,7 +197,10 @@ def test_openllmetry_event_form_ties_what_has_a_span_context(tmp_path: Path) -> 
     assert plain.output_text == ""
     assert json_mode.validity == ()
     assert plain.finish_reason == "stop"  # from gen_ai.response.finish_reasons on the span
-    assert traces.stats.malformed == {"no_span_context": 2}
+    # The event takes whatever span is current when the stream ends: none for the second call
+    # (ids zero), the app's own parent span for the first (an orphan: no GenAI span has it).
+    assert traces.stats.malformed == {"no_span_context": 1}
+    assert traces.stats.orphan_events == 1
 
 
 # --- the instrumented app (run as a script in its own interpreter) ------------------------------
@@ -214,6 +238,18 @@ def _app(mode: str, out: Path) -> None:  # pragma: no cover - runs in the subpro
 
         instrumentor = Traceloop(use_attributes=mode != "openllmetry_events")
     instrumentor.instrument(tracer_provider=tracer_provider, logger_provider=logger_provider)
+    tracer = tracer_provider.get_tracer("app")
+
+    def retrieve() -> None:
+        """A RAG step in the chat's trace: util-genai's own retrieval span (openai-v2 modes)."""
+        if not mode.startswith("openai_v2"):
+            return
+        from opentelemetry.util.genai.handler import TelemetryHandler
+
+        handler = TelemetryHandler(tracer_provider=tracer_provider, logger_provider=logger_provider)
+        retrieval: Any = handler.retrieval(data_source_id="docs")
+        retrieval.documents = [{"id": "d1", "score": 0.93, "content": DOCUMENT}]
+        retrieval.stop()
 
     def script(request: ScriptRequest) -> Script:
         pieces = JSON_PIECES if b"response_format" in request.body else PIECES
@@ -227,11 +263,16 @@ def _app(mode: str, out: Path) -> None:  # pragma: no cover - runs in the subpro
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": QUESTION},
         ]
-        plain = await client.chat.completions.create(
-            model="gpt-test", messages=messages, stream=True, stream_options={"include_usage": True}
-        )
-        async for _ in plain:
-            pass
+        with tracer.start_as_current_span("answer"):  # one trace: retrieval, then the chat
+            retrieve()
+            plain = await client.chat.completions.create(
+                model="gpt-test",
+                messages=messages,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for _ in plain:
+                pass
         json_mode = await client.chat.completions.create(
             model="gpt-test",
             messages=messages,

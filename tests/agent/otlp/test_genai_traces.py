@@ -9,11 +9,14 @@ malformed is counted by reason.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from semhealth.agent.otlp import genai
 from semhealth.agent.otlp.genai import GenAISettings, GenAITraces
 from semhealth.collectors import StreamRecord
 from tests.agent.otlp.test_genai_forms import (
@@ -357,3 +360,35 @@ def test_deep_nesting_is_cut_and_counted() -> None:
     traces.close()
     assert len(records) == 1
     assert traces.stats.malformed == {"too_deep": 1}
+
+
+def test_a_stream_that_ended_without_finish_reason_is_truncated_json() -> None:
+    cut = [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": '{"a": '}],
+            "finish_reason": "error",
+        }
+    ]
+    attrs = {**CHAT, "gen_ai.output.type": "json", "gen_ai.output.messages": json.dumps(cut)}
+    traces, records, _ = traces_with_clock()
+    traces.add_spans([resource_spans(span(attrs))])
+    traces.close()
+    (record,) = records
+    assert not record.done
+    assert [(v.result, v.reasons) for v in record.validity] == [("truncated", ("ended_early",))]
+
+
+def test_a_failure_is_logged_without_content(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def explode(*_args: Any) -> StreamRecord:
+        raise ValueError("secret prompt text")
+
+    monkeypatch.setattr(genai, "build_record", explode)
+    traces, records, _ = traces_with_clock()
+    traces.add_spans([resource_spans(span(CHAT))])
+    with caplog.at_level(logging.ERROR):
+        assert traces.close() == 0
+    assert records == [] and traces.stats.malformed == {"unreadable": 1}
+    assert "ValueError" in caplog.text and "secret" not in caplog.text

@@ -68,9 +68,13 @@ def read_file(path: str) -> Iterator[Input]:
 
 
 def _looks_like_har(head: bytes) -> bool:
+    """A HAR is one JSON document whose first key is ``log`` (browsers and proxies write it
+    first, usually indented); a recording or OTLP line starts with another key."""
     text = head.lstrip()
-    # A HAR is one (usually indented) document; a JSONL line is a whole object per line.
-    return text.startswith(b"{") and b'"log"' in text.split(b"\n", 1)[0] + text[:200]
+    if not text.startswith(b"{"):
+        return False
+    first_key = text[1:].lstrip()
+    return first_key.startswith(b'"log"')
 
 
 def _read_line(path: str, number: int, line: bytes) -> Input:

@@ -139,6 +139,7 @@ class Recording:
 
     def _write_batch(self, batch: Iterable[object]) -> None:
         pending: list[bytes] = []
+        pending_bytes = 0
         for item in batch:
             assert isinstance(item, _Captured)
             line = encode_exchange(
@@ -150,12 +151,14 @@ class Recording:
                 outcome=item.outcome,
                 shed=item.shed,
             )
-            if self._size + sum(map(len, pending)) + len(line) > self.settings.max_bytes:
+            if self._size + pending_bytes + len(line) > self.settings.max_bytes:
                 self._flush(pending)
-                pending = []
+                pending, pending_bytes = [], 0
                 if self._size > 0:
                     self._rotate()
+            # A line longer than the cap alone still goes in: a file of its own.
             pending.append(line)
+            pending_bytes += len(line)
         self._flush(pending)
 
     def _flush(self, lines: list[bytes]) -> None:

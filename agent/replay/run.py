@@ -1,14 +1,15 @@
 """One ``semhealth replay``: files in, a ``ReplayRun`` out (see ``pipeline`` for how).
 
-The progress bar (tqdm, on stderr, only where stderr is a terminal) counts records twice
-over: once while their relevance is scored, once while they are recorded and the rules
-evaluated.
+The progress bars (tqdm, on stderr, only where stderr is a terminal): input lines while
+the collectors rebuild records, then records twice over: once while their relevance is
+scored, once while they are recorded and the rules evaluated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tqdm import tqdm
 
@@ -50,6 +51,12 @@ def _inputs(files: Sequence[str]) -> Iterator[Input]:
         yield from read_file(path)
 
 
+def _counted(items: Iterator[Input], bar: tqdm[Any]) -> Iterator[Input]:
+    for item in items:
+        bar.update(1)
+        yield item
+
+
 def relevance_threshold(rules: Sequence[Rule]) -> float:
     """The context-relevance threshold the first absolute rule on that signal pages on."""
     for rule in rules:
@@ -64,13 +71,15 @@ def relevance_threshold(rules: Sequence[Rule]) -> float:
 
 async def replay(files: Sequence[str], config: Config, options: Options) -> Outcome:
     """Replay ``files`` through the pipeline ``config`` describes."""
-    built = build_records(_inputs(files), config)
+    disable = None if options.progress else True  # None: only where stderr is a terminal
+    with tqdm(unit="line", desc="semhealth replay: reading", disable=disable, leave=False) as read:
+        built = build_records(_counted(_inputs(files), read), config)
     ordered = sorted(built.records, key=lambda replayed: replayed.record.end_ns)
     bar = tqdm(
         total=2 * len(ordered),
         unit="rec",
-        desc="semhealth replay",
-        disable=None if options.progress else True,
+        desc="semhealth replay: scoring",
+        disable=disable,
         leave=False,
     )
     with bar:
@@ -82,6 +91,7 @@ async def replay(files: Sequence[str], config: Config, options: Options) -> Outc
             else Scored(off="--no-relevance")
         )
         bar.update(len(ordered) - bar.n)  # records not scored count as done too
+        bar.set_description("semhealth replay: recording and evaluating")
         rules = config.alerts.load_rules() if config.alerts.enabled else ()
         alerts = ReplayAlerts(
             rules,

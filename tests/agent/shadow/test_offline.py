@@ -1,0 +1,134 @@
+"""``semhealth diff`` offline: recorded requests sent again to a candidate, and two recordings
+of the same requests, give the pair measures their known differences imply."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import openai
+import pytest
+
+from semhealth.agent.app import Agent, Settings
+from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.shadow.diff import default_segmenter
+from semhealth.agent.shadow.offline import Candidate, diff_candidate, diff_recordings
+from semhealth.agent.shadow.pairs import PairResult
+from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.embeddings import LocalBackend
+from tests.agent.conftest import agent_config
+
+SEGMENT = default_segmenter()
+PARIS = ("The ", "capital ", "of ", "France ", "is ", "Paris", ".")
+LYON = ("The ", "capital ", "of ", "France ", "is ", "Lyon", ".")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def answering(pieces: Sequence[str]) -> SimulatedUpstream:
+    def script(request: ScriptRequest) -> Script:
+        if b"response_format" in request.body:
+            city = "Paris" if "Paris" in pieces else "Lyon"
+            return Script(pieces=('{"city": ', f'"{city}"', "}"))
+        return Script(pieces=tuple(pieces))
+
+    return SimulatedUpstream(script)
+
+
+async def record_traffic(upstream_url: str, path: Path, requests: int = 4) -> None:
+    """Streamed questions (and one JSON-mode one) through a sidecar that records them."""
+    agent = Agent(agent_config(upstream_url), Settings(record=RecordSettings(path=str(path))))
+    await agent.start()
+    try:
+        client = openai.AsyncOpenAI(base_url=agent.proxy_url + "/v1", api_key="k")
+        for _ in range(requests):
+            stream = await client.chat.completions.create(
+                model="m",
+                messages=QUESTION,
+                stream=True,  # type: ignore[arg-type]
+            )
+            async for _chunk in stream:
+                pass
+        await client.chat.completions.create(
+            model="m",
+            messages=QUESTION,  # type: ignore[arg-type]
+            response_format={"type": "json_object"},
+        )
+        await client.close()
+    finally:
+        await agent.shutdown()
+
+
+def _text_pairs(pairs: Sequence[PairResult]) -> list[PairResult]:
+    return [pair for pair in pairs if pair.json is None]
+
+
+async def test_a_candidate_that_differs_by_one_word_gives_the_known_measures(
+    tmp_path: Path, minilm: LocalBackend
+) -> None:
+    primary, candidate = answering(PARIS), answering(LYON)
+    await primary.start()
+    await candidate.start()
+    try:
+        recording = tmp_path / "primary.jsonl"
+        await record_traffic(primary.url, recording)
+        compared = await diff_candidate(
+            [str(recording)],
+            Candidate(url=candidate.url + "/v1"),
+            agent_config(primary.url, **{"relevance.enabled": True}),
+            SEGMENT,
+            backend=minilm,
+        )
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    assert compared.problems == []
+    assert len(compared.pairs) == 5
+    assert {pair.result for pair in compared.pairs} == {"differs"}
+    for pair in _text_pairs(compared.pairs):
+        assert pair.tokens is not None
+        assert pair.tokens.first_divergence == 5
+        assert pair.tokens.distance == pytest.approx(1 / 7)
+        assert pair.agreement is not None and 0 < pair.agreement < 1
+        assert pair.shadow.ttft_s is not None
+    (json_pair,) = [pair for pair in compared.pairs if pair.json is not None]
+    assert json_pair.json is not None
+    assert (json_pair.json.equal, json_pair.json.paths) == (False, ("$.city",))
+
+
+async def test_two_recordings_of_the_same_requests_pair_up_with_the_same_measures(
+    tmp_path: Path,
+) -> None:
+    primary, candidate = answering(PARIS), answering(LYON)
+    await primary.start()
+    await candidate.start()
+    try:
+        ours, theirs = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        await record_traffic(primary.url, ours)
+        await record_traffic(candidate.url, theirs)
+        compared = await diff_recordings(str(ours), str(theirs), agent_config(primary.url), SEGMENT)
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    assert compared.unpaired == 0
+    assert len(compared.pairs) == 5
+    for pair in _text_pairs(compared.pairs):
+        assert pair.tokens is not None
+        assert (pair.tokens.first_divergence, pair.tokens.distance) == (5, pytest.approx(1 / 7))
+    assert compared.relevance_off is not None  # relevance off in this config: no agreement
+    assert all(pair.agreement is None for pair in compared.pairs)
+
+
+async def test_a_candidate_that_is_down_gives_candidate_errors(tmp_path: Path) -> None:
+    primary = answering(PARIS)
+    await primary.start()
+    config = agent_config(primary.url)
+    try:
+        recording = tmp_path / "primary.jsonl"
+        await record_traffic(primary.url, recording, requests=2)
+    finally:
+        await primary.shutdown()
+    compared = await diff_candidate(
+        [str(recording)], Candidate(url="http://127.0.0.1:9/v1", timeout_s=5), config, SEGMENT
+    )
+    assert [pair.result for pair in compared.pairs] == ["candidate_error"] * 3
+    assert {pair.shadow.status for pair in compared.pairs} == {502}

@@ -3,10 +3,13 @@ of the same requests, give the pair measures their known differences imply."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
 
 from semhealth.agent.app import Agent, Settings
@@ -132,3 +135,44 @@ async def test_a_candidate_that_is_down_gives_candidate_errors(tmp_path: Path) -
     )
     assert [pair.result for pair in compared.pairs] == ["candidate_error"] * 3
     assert {pair.shadow.status for pair in compared.pairs} == {502}
+
+
+async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+    primary, candidate = answering(PARIS), answering(LYON)
+    await primary.start()
+    await candidate.start()
+    try:
+        ours, theirs = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        await record_traffic(primary.url, ours)
+        await record_traffic(candidate.url, theirs)
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    out = tmp_path / "diff.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "diff", str(ours), str(theirs),
+        "--no-relevance", "--json", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, stderr.decode()
+    header, row = stdout.decode().splitlines()[:2]
+    assert header.split()[:3] == ["route", "pairs", "exact"]
+    assert row.split()[:4] == ["chat_completions", "5", "0", "0"]
+    assert "insufficient" in row  # 5 pairs are too few for a verdict
+    document = orjson.loads(out.read_bytes())
+    (route,) = document["routes"]
+    assert route["token_distance"]["n"] == 5
+    assert "Paris" not in stdout.decode() + out.read_text()  # numbers and ids, never text
+
+
+async def test_the_diff_command_wants_two_recordings_or_a_candidate(tmp_path: Path) -> None:
+    one = tmp_path / "a.jsonl"
+    one.write_text("")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "diff", str(one),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    assert b"give two recordings to compare, or --candidate URL" in stderr

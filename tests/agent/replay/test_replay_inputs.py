@@ -324,3 +324,52 @@ async def test_otlp_push_sends_the_replayed_metrics_once(tmp_path: Path) -> None
     )
     assert down.returncode == 1
     assert f"metrics could NOT be pushed to {receiver.endpoint}" in down.stderr
+
+
+async def test_alerts_go_pending_fire_and_resolve_on_the_replayed_clock(tmp_path: Path) -> None:
+    """A recorded success and a recorded abandoned stream, laid out over 7 minutes: good,
+    then failing, then good again. The rule's ``for`` is counted in replayed time."""
+    source = tmp_path / "rec.jsonl"
+    await _record(source)
+    lines = [orjson.loads(line) for line in source.read_bytes().splitlines()]
+    good = next(line for line in lines if not line["outcome"]["client_aborted"])
+    bad = next(line for line in lines if line["outcome"]["client_aborted"])
+    t0 = 1_790_000_000.0
+    timeline = []
+    for index in range(30):  # one exchange every 15 s; failing from 150 s to 285 s
+        line = dict(bad if 10 <= index < 20 else good, id=f"x{index}", time=t0 + 15 * index)
+        timeline.append(orjson.dumps(line))
+    path = tmp_path / "timeline.jsonl"
+    path.write_bytes(b"\n".join(timeline) + b"\n")
+    rule = {
+        "name": "Failing",
+        "signal": "request_success_rate",
+        "aggregation": "ratio",
+        "window": "1m",
+        "op": "<",
+        "threshold": 0.5,
+        "min_samples": 1,
+        "for": "30s",
+    }
+    config = load_config(
+        None,
+        {},
+        {
+            "upstream.url": "http://127.0.0.1:9",
+            "alerts.default_rules": False,
+            "alerts.rules": [rule],
+            "alerts.evaluation_interval_s": 15,
+        },
+    )
+    run = (await replay([str(path)], config, Options(relevance=False))).run
+    assert [(a.rule, a.state) for a in run.alerts] == [
+        ("Failing", "pending"),
+        ("Failing", "firing"),
+        ("Failing", "resolved"),
+    ]
+    pending, firing, resolved = (a.time - t0 for a in run.alerts)
+    assert 150 < pending < 210  # the window turns under 0.5 a few failures in
+    assert firing - pending >= 30  # ``for`` counted on the recording's clock
+    assert 300 < resolved < 375  # after the failures leave the 1 minute window
+    assert run.alerts[1].value is not None and run.alerts[1].value < 0.5
+    assert run.start == pytest.approx(t0) and run.end is not None and run.end > t0 + 435

@@ -153,7 +153,9 @@ def build_records(inputs: Iterable[Input], config: Config) -> Built:
             try:
                 record = exchange_record(item, collectors)
             except Exception as exc:  # the collectors never raise on bad bytes: this is a bug
-                built.problems.append(_problem(item, f"could not be analysed ({exc!r})"))
+                # The type only: an exception's message may quote the traffic.
+                error = f"could not be analysed ({type(exc).__name__}: a bug, please report)"
+                built.problems.append(_problem(item, error))
                 continue
             built.records.append(
                 Replayed(record, item.recorded.id, item.source_file, item.line, item.chunk_times)

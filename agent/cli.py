@@ -136,6 +136,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="plain-HTTP address serving /metrics for Prometheus, or off "
         f"(default {SCORER_METRICS_LISTEN}: the sidecar's admin port is 9464)",
     )
+    scorer.add_argument("--tls-cert-file", metavar="FILE", help="serve TLS: certificate (PEM)")
+    scorer.add_argument("--tls-key-file", metavar="FILE", help="serve TLS: private key (PEM)")
+    scorer.add_argument(
+        "--client-ca-file",
+        metavar="FILE",
+        help="mutual TLS: accept only clients with a certificate this CA signed (PEM)",
+    )
+    scorer.add_argument(
+        "--bearer-token-file",
+        metavar="FILE",
+        help="require 'authorization: Bearer <token>' on every call; the file holds the token",
+    )
+    scorer.add_argument(
+        "--max-texts-per-call", type=int, default=1024, metavar="N", help="(default 1024)"
+    )
+    scorer.add_argument(
+        "--max-bytes-per-call",
+        type=int,
+        default=8 * 1024 * 1024,
+        metavar="BYTES",
+        help="(default 8 MiB)",
+    )
+    scorer.add_argument(
+        "--caller-rate",
+        type=float,
+        default=0.0,
+        metavar="TEXTS_PER_S",
+        help="texts per second each caller may send (token bucket); 0: no limit (default)",
+    )
+    scorer.add_argument(
+        "--caller-burst",
+        type=int,
+        default=0,
+        metavar="TEXTS",
+        help="each caller's bucket size; 0: two seconds of --caller-rate (default)",
+    )
 
     config = commands.add_parser("config", help="check or describe the configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -399,9 +435,24 @@ async def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scorer_extra_missing(exc: ModuleNotFoundError) -> int:
+    print(
+        f"semhealth scorer: the scorer extra is not installed (no module {exc.name!r}); "
+        "install it with: pip install 'semhealth[scorer]'",
+        file=sys.stderr,
+    )
+    return 2
+
+
 async def _scorer(args: argparse.Namespace) -> int:
-    from semhealth.embeddings import MetricsServer
-    from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
+    try:
+        from semhealth.embeddings import MetricsServer
+        from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("grpc", "grpc_health"):
+            raise
+        return _scorer_extra_missing(exc)
+    from semhealth.embeddings.scorer_guard import Guard, Limits, ServerTls, read_token
 
     relevance = load_relevance(args.config, os.environ)
     address = Address.parse(args.listen)
@@ -415,6 +466,30 @@ async def _scorer(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    limits = Limits(
+        max_texts_per_call=args.max_texts_per_call,
+        max_bytes_per_call=args.max_bytes_per_call,
+        caller_texts_per_s=args.caller_rate,
+        caller_burst_texts=args.caller_burst,
+    )
+    problems = limits.validate()
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        problems.append("--tls-cert-file and --tls-key-file go together")
+    if args.client_ca_file and not args.tls_cert_file:
+        problems.append("--client-ca-file needs --tls-cert-file and --tls-key-file")
+    if problems:
+        print(f"semhealth scorer: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    # Read before anything starts: a missing file stops start-up with its name.
+    credentials = None
+    if args.tls_cert_file:
+        tls = ServerTls(
+            cert_file=args.tls_cert_file,
+            key_file=args.tls_key_file,
+            client_ca_file=args.client_ca_file,
+        )
+        credentials = tls.credentials()
+    token = read_token(args.bearer_token_file) if args.bearer_token_file else None
     setup_logging("info")
     encoders = {
         encoder.name: ServedEncoder(load=backend_loader(encoder), batching=encoder.batching)
@@ -423,7 +498,13 @@ async def _scorer(args: argparse.Namespace) -> int:
     # Before the models load (seconds): a SIGTERM meanwhile is a clean stop, not a kill.
     stop = stop_on_signals()
     server = await serve_scorer(
-        encoders, address.host, address.port, on_task_failure=_log_task_failure
+        encoders,
+        address.host,
+        address.port,
+        on_task_failure=_log_task_failure,
+        credentials=credentials,
+        guard=Guard(token=token, limits=limits),
+        cache_entries=relevance.embeddings.cache_entries,
     )
     metrics = None
     if metrics_address is not None:

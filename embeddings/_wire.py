@@ -18,7 +18,8 @@ into a permanent error.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,12 @@ INFO_METHOD = f"/{SERVICE}/{INFO}"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 # Overload is told apart from gRPC's own RESOURCE_EXHAUSTED (a message over the size limit)
-# by this trailing metadata key; its value is "requested/free/queue_size".
+# and from a caller's own limits by this trailing metadata key; its value is
+# "requested/free/queue_size". The two keys beside it say why, and the wait the scorer
+# expected (seconds) when that was the reason.
 OVERLOADED_KEY = "semhealth-overloaded"
+OVERLOAD_REASON_KEY = "semhealth-overload-reason"
+EXPECTED_WAIT_KEY = "semhealth-expected-wait-s"
 
 _MAGIC = b"SHv1"
 _HEADER = struct.Struct("<4sII")  # magic, dim, count
@@ -57,6 +62,18 @@ class Malformed:
 class EmbedRequest:
     encoder: str
     texts: tuple[str, ...]
+    size: int = field(default=0, compare=False)  # bytes on the wire, when decoded
+
+
+@dataclass(frozen=True, slots=True)
+class Overload:
+    """Why the scorer shed a call, as its trailing metadata tell the client."""
+
+    reason: str  # expected_wait, queue_full
+    requested: int  # texts the call asked for
+    free: int  # queue slots free then
+    queue_size: int
+    expected_wait_s: float | None = None  # when the reason is the expected wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +109,7 @@ def decode_embed_request(data: bytes) -> EmbedRequest | Malformed:
         return Malformed("'encoder' is not a string", len(data))
     if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
         return Malformed("'texts' is not a list of strings", len(data))
-    return EmbedRequest(encoder, tuple(texts))
+    return EmbedRequest(encoder, tuple(texts), len(data))
 
 
 def encode_vectors(vectors: Vectors) -> bytes:
@@ -169,6 +186,30 @@ def decode_overload(value: str) -> tuple[int, int, int] | None:
         return None
     requested, free, queue_size = (int(part) for part in parts)
     return requested, free, queue_size
+
+
+def overload_metadata(overload: Overload) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that mark a RESOURCE_EXHAUSTED answer as the scorer shedding."""
+    requested, free = max(0, overload.requested), max(0, overload.free)
+    figures = encode_overload(requested, free, overload.queue_size)
+    pairs = [(OVERLOADED_KEY, figures), (OVERLOAD_REASON_KEY, overload.reason)]
+    if overload.expected_wait_s is not None:
+        pairs.append((EXPECTED_WAIT_KEY, f"{overload.expected_wait_s:.3f}"))
+    return tuple(pairs)
+
+
+def read_overload(metadata: Iterable[tuple[str, Any]] | None) -> Overload | None:
+    """The scorer's overload mark in trailing metadata, or None when there is none."""
+    values = {key: value for key, value in metadata or () if isinstance(value, str)}
+    figures = decode_overload(values.get(OVERLOADED_KEY, ""))
+    if figures is None:
+        return None
+    try:
+        wait: float | None = float(values[EXPECTED_WAIT_KEY])
+    except (KeyError, ValueError):
+        wait = None
+    reason = values.get(OVERLOAD_REASON_KEY, "queue_full")
+    return Overload(reason[:32], *figures, expected_wait_s=wait)
 
 
 def _json_object(data: bytes) -> dict[str, Any] | Malformed:

@@ -12,12 +12,18 @@ are not padded to long ones) and splits them into backend calls of at most
   not queued twice, so a system prompt sent by fifty streams reaches the model once.
 - A failed batch fails only its own texts' callers, with a ``BackendError``. A worker that
   dies fails every waiting caller and every later call, and is reported.
+- A text every caller stopped waiting for (its deadline passed, or it cancelled) is dropped
+  when it reaches the front, before the backend sees it, and counted as expired.
+- Each successful batch updates a running estimate of what a batch costs (seconds for n
+  texts, exponentially weighted over recent batches), so an owner can tell before queueing
+  whether a call could finish within its deadline (``expected_wait_s``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +37,9 @@ from semhealth.embeddings.config import DEFAULT_CACHE_ENTRIES, Batching
 from semhealth.embeddings.errors import BackendError, Closed, EmbeddingError, Overloaded
 
 CHARS_PER_TOKEN = 4
+# Weight of the newest batch in the batch-cost estimate: about the last five batches count,
+# so the estimate follows a change of load (batch sizes) within a second or two.
+THROUGHPUT_WEIGHT = 0.3
 
 
 def estimate_tokens(text: str) -> int:
@@ -50,6 +59,8 @@ class BatcherStats:
     failed_batches: int  # backend calls that failed
     shed_calls: int  # calls refused with Overloaded
     shed_texts: int  # texts those calls asked for
+    expired_texts: int  # texts dropped before embedding: every caller had stopped waiting
+    texts_per_s: float | None  # the throughput estimate; None before the first batch
     cache: CacheStats
 
 
@@ -73,6 +84,45 @@ class _Counters:
     failed_batches: int = 0
     shed_calls: int = 0
     shed_texts: int = 0
+    expired_texts: int = 0
+
+
+@dataclass(slots=True)
+class BatchCost:
+    """What a batch of n texts costs the backend: a + b*n seconds, fitted to recent batches.
+
+    An exponentially weighted least-squares line over (texts, seconds). A model on a
+    busy CPU has a large fixed cost per call (a + b*n with a large a), so a rate of
+    texts per second measured on small batches would call a full batch many times
+    slower than it is, and admission would shrink batches further. When recent batches
+    were all one size, the cost is taken as proportional to n.
+    """
+
+    weight: float = THROUGHPUT_WEIGHT
+    batches: int = 0
+    n: float = 0.0  # weighted means of texts, seconds, texts^2 and texts*seconds
+    t: float = 0.0
+    nn: float = 0.0
+    nt: float = 0.0
+
+    def observe(self, texts: int, seconds: float) -> None:
+        w = 1.0 if self.batches == 0 else self.weight
+        self.n += w * (texts - self.n)
+        self.t += w * (seconds - self.t)
+        self.nn += w * (texts * texts - self.nn)
+        self.nt += w * (texts * seconds - self.nt)
+        self.batches += 1
+
+    def seconds_for(self, texts: int) -> float | None:
+        """Seconds a batch of ``texts`` texts should take; None before the first batch."""
+        if self.batches == 0 or self.n <= 0.0:
+            return None
+        variance = self.nn - self.n * self.n
+        if variance <= 1e-6 * self.n * self.n:
+            return self.t * texts / self.n
+        slope = max(0.0, (self.nt - self.n * self.t) / variance)
+        fixed = max(0.0, self.t - slope * self.n)
+        return fixed + slope * texts
 
 
 @dataclass(slots=True)
@@ -82,6 +132,8 @@ class _Shared:
     queue: asyncio.Queue[_Item]
     pending: dict[bytes, _Item] = field(default_factory=dict)  # queued or being embedded
     counters: _Counters = field(default_factory=_Counters)
+    cost: BatchCost = field(default_factory=BatchCost)
+    encoding: int = 0  # texts in the backend now
     failure: BaseException | None = None
 
 
@@ -166,13 +218,20 @@ class MicroBatcher:
         found, missing = self._look_up(keys, texts)
         waiting = self._enqueue(missing)
         rows: list[Vector] = []
-        for key in keys:
-            row = found.get(key)
-            if row is None:
-                # The caller's own future: giving up cancels it, not the text others wait for.
-                row = await waiting[key]
-                found[key] = row
-            rows.append(row)
+        try:
+            for key in keys:
+                row = found.get(key)
+                if row is None:
+                    row = await waiting[key]
+                    found[key] = row
+                rows.append(row)
+        except BaseException:
+            # The caller gave up (its deadline, a cancel) or one text failed: none of its
+            # texts is wanted by it any more. Its own futures are cancelled, not the texts
+            # others wait for, so a text only this caller wanted is never embedded.
+            for future in waiting.values():
+                future.cancel()
+            raise
         if not rows:
             return np.empty((0, self.backend.dim), dtype=np.float32)
         return np.stack(rows).astype(np.float32, copy=False)
@@ -188,8 +247,45 @@ class MicroBatcher:
             failed_batches=counters.failed_batches,
             shed_calls=counters.shed_calls,
             shed_texts=counters.shed_texts,
+            expired_texts=counters.expired_texts,
+            texts_per_s=self._texts_per_s(),
             cache=self.cache.stats(),
         )
+
+    def expected_wait_s(self, texts: int) -> float | None:
+        """Seconds until ``texts`` more texts queued now would be embedded, at the recent
+        throughput; None before the first batch, and while nothing is queued or embedded.
+
+        Every text queued or being embedded counts as ahead, cached or shared ones of the
+        new call too, and the call waits for whole batches (its texts are answered when
+        their batch ends): the estimate errs long, never short. An idle batcher gives none,
+        so its owner admits the call: only batches that run update the estimate, and one
+        that turned too slow (a cold first batch) must not refuse every call ever after.
+        """
+        shared, batch = self._shared, self.config.max_batch
+        cost = shared.cost.seconds_for
+        ahead = len(shared.pending)
+        if shared.cost.batches == 0 or ahead == 0:
+            return None
+        # The batch in the model now (counted whole), then the queue and the call's own
+        # texts in batches of max_batch, the last one partial.
+        queued = ahead - shared.encoding + texts
+        full, rest = divmod(queued, batch)
+        seconds = (
+            (cost(shared.encoding) or 0.0 if shared.encoding else 0.0)
+            + full * (cost(batch) or 0.0)
+            + (cost(rest) or 0.0 if rest else 0.0)
+        )
+        # Workers embed side by side, each a batch at a time.
+        return seconds / self.config.workers
+
+    def _texts_per_s(self) -> float | None:
+        """Texts per second at full batches, all workers together."""
+        batch = self.config.max_batch
+        full = self._shared.cost.seconds_for(batch)
+        if full is None or full <= 0.0:
+            return None
+        return batch * self.config.workers / full
 
     def _look_up(
         self, keys: list[bytes], texts: Sequence[str]
@@ -240,9 +336,15 @@ class MicroBatcher:
 async def _work(shared: _Shared, backend: Backend, config: Batching, cache: Cache) -> None:
     loop = asyncio.get_running_loop()
     while True:
+        # A busy worker's cycle, collecting included, is what a queued text waits for; an
+        # idle one's wait for the first text is not.
+        busy = not shared.queue.empty()
+        began = time.perf_counter()
         window = await _collect(shared.queue, config, loop)
+        if not busy:
+            began = time.perf_counter()
         for batch in _split(window, config.max_batch_tokens):
-            await _run_batch(shared, backend, cache, batch)
+            began = await _run_batch(shared, backend, cache, batch, began)
         # Callers just answered run now and send their next texts before the next window.
         await asyncio.sleep(0)
 
@@ -297,26 +399,39 @@ def _split(items: Iterable[_Item], max_tokens: int) -> list[list[_Item]]:
     return batches
 
 
-async def _run_batch(shared: _Shared, backend: Backend, cache: Cache, batch: list[_Item]) -> None:
+async def _run_batch(
+    shared: _Shared, backend: Backend, cache: Cache, batch: list[_Item], began: float
+) -> float:
+    """Embed ``batch``'s wanted texts and settle their callers; returns when it ended.
+
+    ``began``: when the worker started on it (the end of its previous batch, if busy).
+    """
     # Texts every caller gave up on are not embedded at all.
     live = [item for item in batch if item.wanted()]
     for item in batch:
         if not item.wanted() and shared.pending.get(item.key) is item:
             del shared.pending[item.key]
+    shared.counters.expired_texts += len(batch) - len(live)
     if not live:
-        return
+        return began
+    shared.encoding += len(live)
     try:
         vectors = await backend.embed([item.text for item in live])
         _check_shape(vectors, len(live), backend.dim)
     except Exception as exc:
+        shared.encoding -= len(live)
         shared.counters.failed_batches += 1
         _settle(shared, live, _as_embedding_error(exc, backend.name, len(live)))
-        return
+        return time.perf_counter()
+    shared.encoding -= len(live)
+    ended = time.perf_counter()
+    shared.cost.observe(len(live), ended - began)
     shared.counters.batches += 1
     shared.counters.embedded += len(live)
     for item, row in zip(live, vectors, strict=True):
         cache.put(item.key, row)
     _settle(shared, live, vectors)
+    return ended
 
 
 def _settle(shared: _Shared, items: list[_Item], outcome: Vectors | BaseException) -> None:

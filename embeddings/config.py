@@ -21,7 +21,7 @@ from semhealth.embeddings.errors import ConfigIssue
 DEVICES = ("auto", "cpu", "cuda")
 REMOTE_BACKENDS = ("scorer", "tei", "openai")  # embedded elsewhere; settings under remote
 BACKENDS = ("local", "use", *REMOTE_BACKENDS)
-KEYED_BACKENDS = ("tei", "openai")  # remote backends that can send a bearer API key
+KEYED_BACKENDS = ("scorer", "tei", "openai")  # remote backends that can send a bearer key
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 USE_MODEL = "use-multilingual-v3"  # the USE backend's name: it keys the cache and the calibration
 DEFAULT_ENCODER = "default"
@@ -112,6 +112,48 @@ class Use:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Tls:
+    """TLS to a ``semhealth scorer``: on as soon as any key is set.
+
+    ``ca_file`` checks the scorer's certificate (empty: the system's roots); ``cert_file``
+    and ``key_file``, together, are this sidecar's client certificate for mutual TLS;
+    ``server_name`` is the name the scorer's certificate must carry (empty: the url's host).
+    Files are PEM, read once at start-up.
+    """
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.ca_file, self.cert_file, self.key_file, self.server_name))
+
+    def validate(self, backend: str) -> list[ConfigIssue]:
+        if not self.enabled:
+            return []
+        if backend != "scorer":
+            return [
+                ConfigIssue(
+                    "tls",
+                    f"the {backend} backend takes no tls section",
+                    "remove it; give an https:// url for TLS to a tei or openai server",
+                )
+            ]
+        if bool(self.cert_file) != bool(self.key_file):
+            missing = "key_file" if self.cert_file else "cert_file"
+            return [
+                ConfigIssue(
+                    missing,
+                    f"{missing} is empty while its pair is set",
+                    "give both cert_file and key_file for mutual TLS, or neither",
+                )
+            ]
+        return []
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Remote:
     """Where a remote encoder embeds: a ``semhealth scorer``, a TEI server or an OpenAI-style API.
 
@@ -120,11 +162,12 @@ class Remote:
     (empty: this encoder's own name), the model for an OpenAI-compatible API (required);
     a TEI server serves one model and ignores it.
 
-    A tei or openai server behind a bearer token gets ``api_key`` as
-    ``Authorization: Bearer``. The YAML names only the variable that holds it
-    (``api_key_env``); the agent's config loader, the one reader of the environment, puts
-    its value in ``api_key`` (None: the variable is not set). The key is kept out of
-    ``repr()`` and of every issue's message.
+    A scorer, tei or openai server behind a bearer token gets ``api_key`` as
+    ``Authorization: Bearer`` (for a scorer, gRPC ``authorization`` metadata). The YAML
+    names only the variable that holds it (``api_key_env``); the agent's config loader,
+    the one reader of the environment, puts its value in ``api_key`` (None: the variable
+    is not set). The key is kept out of ``repr()`` and of every issue's message. ``tls``
+    secures a scorer's gRPC channel (tei and openai take an https:// url instead).
     """
 
     url: str = ""
@@ -133,12 +176,14 @@ class Remote:
     max_connections: int = 8  # HTTP connections kept open (tei, openai); gRPC multiplexes one
     api_key_env: str | None = None  # the NAME of the variable holding the key; None: no key
     api_key: str | None = field(default=None, repr=False)
+    tls: Tls = field(default_factory=Tls)
 
     def validate(self, backend: str) -> list[ConfigIssue]:
         issues = [
             *_remote_url(backend, self.url),
             *_at_least("max_connections", self.max_connections, 1),
             *_api_key(backend, self.api_key_env, self.api_key),
+            *_under("tls", self.tls.validate(backend)),
         ]
         if backend == "openai" and not self.model.strip():
             issues.append(

@@ -145,7 +145,13 @@ def _remote_backend(encoder: Encoder) -> RemoteScorerBackend | TEIBackend | Open
     remote = encoder.remote
     if encoder.backend == "scorer":
         return RemoteScorerBackend(
-            remote.url, remote.model or encoder.name, remote.timeout_s, name=encoder.name
+            remote.url,
+            remote.model or encoder.name,
+            remote.timeout_s,
+            name=encoder.name,
+            credentials=_scorer_credentials(encoder),
+            server_name=remote.tls.server_name or None,
+            token=remote.api_key,
         )
     if encoder.backend == "tei":
         return TEIBackend(
@@ -163,6 +169,22 @@ def _remote_backend(encoder: Encoder) -> RemoteScorerBackend | TEIBackend | Open
         timeout_s=remote.timeout_s,
         max_connections=remote.max_connections,
     )
+
+
+def _scorer_credentials(encoder: Encoder) -> object:
+    """TLS credentials for a scorer encoder's channel, or None for plain text.
+
+    Raises ``ModelLoadError`` naming the key and file when a file cannot be read.
+    """
+    from semhealth.embeddings.remote_scorer import tls_credentials
+
+    tls = encoder.remote.tls
+    if not tls.enabled:
+        return None
+    try:
+        return tls_credentials(tls.ca_file or None, tls.cert_file or None, tls.key_file or None)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"encoder '{encoder.name}': remote.{exc}") from exc
 
 
 def _served_model(encoder: Encoder, backend: Backend) -> str:

@@ -4,15 +4,23 @@ A sidecar that scores remotely builds this instead of a ``LocalBackend``, so it 
 imports torch. Each call carries a deadline (``timeout_s``). gRPC failures become
 embeddings errors here, once:
 
-- RESOURCE_EXHAUSTED from the scorer's full queue -> ``Overloaded``: the sidecar sheds
-  the work and counts it, as it does for its own full queue.
-- UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED -> retryable ``BackendError``.
-- anything else, and an answer of the wrong shape -> permanent ``BackendError``.
+- An Embed call the scorer shed (RESOURCE_EXHAUSTED with its overload mark: its queue
+  was full, it could not answer before the deadline, or this caller is over its rate), or
+  one it did not answer before the deadline (DEADLINE_EXCEEDED) -> ``ScorerOverloaded``,
+  an ``Overloaded``: the sidecar sheds the work and counts it, as for its own full queue.
+- UNAVAILABLE, ABORTED, CANCELLED (and DEADLINE_EXCEEDED of Info, at start-up) ->
+  retryable ``BackendError``.
+- anything else (UNAUTHENTICATED, a call over the scorer's size limits ...), and an answer
+  of the wrong shape -> permanent ``BackendError``.
+
+The channel is plain text, or TLS (``tls_credentials``: a CA, and a client certificate
+for mutual TLS); a bearer ``token`` goes in each call's ``authorization`` metadata.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
@@ -32,6 +40,58 @@ _RETRYABLE_CODES = frozenset(
     }
 )
 _MAX_DETAILS = 200  # the server's details carry reasons and counts; cap them all the same
+DEADLINE = "deadline"  # ScorerOverloaded.reason when the scorer did not answer in time
+
+
+class ScorerOverloaded(Overloaded):
+    """The scorer shed an Embed call, or did not answer it before its deadline.
+
+    ``reason``: the scorer's (``expected_wait``, ``queue_full``, ``rate_limited``) or
+    ``deadline``; ``expected_wait_s``: the wait the scorer foresaw, when it said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        requested: int,
+        free: int = 0,
+        queue_size: int = 0,
+        expected_wait_s: float | None = None,
+    ) -> None:
+        super().__init__(requested=requested, free=free, queue_size=queue_size)
+        self.reason = reason
+        self.expected_wait_s = expected_wait_s
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def tls_credentials(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> Any:
+    """gRPC channel credentials from PEM files: ``ca_file`` (None: the system's roots), and a
+    client certificate and key for mutual TLS. Raises ``OSError`` naming an unreadable file
+    (never its content) and ``ValueError`` for a certificate without its key."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("tls: cert_file and key_file go together, for mutual TLS")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_pem(ca_file, "ca_file") if ca_file else None,
+        private_key=_pem(key_file, "key_file") if key_file else None,
+        certificate_chain=_pem(cert_file, "cert_file") if cert_file else None,
+    )
+
+
+def _pem(path: str, key: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise OSError(f"tls.{key} {path}: {exc.strerror or type(exc).__name__}") from exc
+    if b"-----BEGIN" not in data:
+        raise OSError(f"tls.{key} {path}: not a PEM file")
+    return data
 
 
 class RemoteScorerBackend:
@@ -40,8 +100,9 @@ class RemoteScorerBackend:
     ``encoder`` names the served encoder to use; ``name`` (default: ``encoder``) keys the
     cache. ``dim``, ``model`` and ``device`` come from ``connect()`` (call it at start-up
     to fail fast), or ``dim`` from the first answer. The channel is plaintext unless
-    ``credentials`` (``grpc.ssl_channel_credentials(...)``) are given. Raises
-    ``ValueError`` for settings that cannot work.
+    ``credentials`` (``tls_credentials(...)``) are given; ``server_name`` checks the
+    scorer's certificate for that name instead of the target's host. ``token`` is sent as
+    ``authorization: Bearer``. Raises ``ValueError`` for settings that cannot work.
     """
 
     def __init__(
@@ -54,8 +115,13 @@ class RemoteScorerBackend:
         dim: int | None = None,
         max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
         credentials: Any = None,
+        server_name: str | None = None,
+        token: str | None = None,
     ) -> None:
         _check_settings(target, encoder, timeout_s, dim, max_message_bytes)
+        if token is not None and (not token or not token.isprintable()):
+            # The token itself is never in a message.
+            raise ValueError("token is empty or holds a line break or control character")
         self.target = target
         self.encoder = encoder
         self.timeout_s = timeout_s
@@ -63,10 +129,13 @@ class RemoteScorerBackend:
         self.dim = dim or 0
         self.model = ""
         self.device = ""
-        self._options = [
+        self._options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
         ]
+        if server_name:
+            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._credentials = credentials
         self._channel: Any = None
         self._closed = False
@@ -81,7 +150,9 @@ class RemoteScorerBackend:
         )
         try:
             request = _wire.InfoRequest(self.encoder)
-            info: _wire.Info | _wire.Malformed = await info_call(request, timeout=self.timeout_s)
+            info: _wire.Info | _wire.Malformed = await info_call(
+                request, timeout=self.timeout_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, self.name, "Info", 0) from exc
         if isinstance(info, _wire.Malformed):
@@ -103,9 +174,12 @@ class RemoteScorerBackend:
         )
         request = _wire.EmbedRequest(self.encoder, tuple(texts))
         try:
-            answer: Vectors | _wire.Malformed = await embed_call(request, timeout=self.timeout_s)
+            answer: Vectors | _wire.Malformed = await embed_call(
+                request, timeout=self.timeout_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, self.name, "Embed", len(texts)) from exc
+            shed = _shed(exc, self.name, len(texts), self.timeout_s)
+            raise (shed or _translate(exc, self.name, "Embed", len(texts))) from exc
         return self._checked(answer, len(texts))
 
     async def aclose(self) -> None:
@@ -149,30 +223,40 @@ class RemoteScorerBackend:
         )
 
 
+def _shed(exc: Any, name: str, count: int, timeout_s: float) -> ScorerOverloaded | None:
+    """The Embed call's failure as shed work, when the scorer was too busy to answer it."""
+    code = exc.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return ScorerOverloaded(
+            f"{name}: the scorer did not answer {count} texts within {timeout_s:g} s; "
+            "the work is shed",
+            reason=DEADLINE,
+            requested=count,
+        )
+    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    overload = _wire.read_overload(exc.trailing_metadata())
+    if overload is None:
+        return None
+    wait = overload.expected_wait_s
+    told = f", expecting a wait of {wait:.2f} s" if wait is not None else ""
+    return ScorerOverloaded(
+        f"{name}: the scorer shed {count} texts ({overload.reason}{told}); the work is shed",
+        reason=overload.reason,
+        requested=overload.requested,
+        free=overload.free,
+        queue_size=overload.queue_size,
+        expected_wait_s=wait,
+    )
+
+
 def _translate(exc: Any, name: str, method: str, count: int) -> EmbeddingError:
     code = exc.code()
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        overload = _overload(exc.trailing_metadata())
-        if overload is not None:
-            requested, free, queue_size = overload
-            return Overloaded(requested=requested, free=free, queue_size=queue_size)
     details = (exc.details() or "")[:_MAX_DETAILS]
     return BackendError(
         f"{name}: the scorer answered {method} for {count} texts with {code.name}: {details}",
         retryable=code in _RETRYABLE_CODES,
     )
-
-
-def _overload(metadata: Any) -> tuple[int, int, int] | None:
-    """The scorer's queue figures when RESOURCE_EXHAUSTED meant a full queue, else None.
-
-    gRPC itself answers RESOURCE_EXHAUSTED for a message over the size limit, which no
-    retry or shedding fixes, so only the scorer's own mark counts as overload.
-    """
-    for key, value in metadata or ():
-        if key == _wire.OVERLOADED_KEY and isinstance(value, str):
-            return _wire.decode_overload(value)
-    return None
 
 
 def _check_settings(

@@ -14,8 +14,12 @@ semhealth_scorer_requests_total                       counter    encoder
 semhealth_scorer_texts_total                          counter    encoder (texts answered)
 semhealth_scorer_overloaded_texts_total               counter    encoder
 semhealth_scorer_failed_requests_total                counter    encoder, code (gRPC status)
+semhealth_scorer_rejected_requests_total              counter    encoder, reason (shed)
+semhealth_scorer_expired_texts_total                  counter    encoder (dropped unencoded)
+semhealth_scorer_refused_requests_total               counter    reason (token, limits)
 semhealth_scorer_queue_texts                          gauge      encoder
 semhealth_scorer_queue_capacity_texts                 gauge      encoder
+semhealth_scorer_throughput_texts_per_second          gauge      encoder (recent batches)
 semhealth_scorer_encoder_up                           gauge      encoder (1 loaded, serving)
 semhealth_scorer_batch_texts                          histogram  BATCH_BUCKETS; encoder
 semhealth_scorer_model_call_duration_seconds          histogram  LATENCY_BUCKETS_S; encoder
@@ -29,6 +33,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -69,6 +74,8 @@ class Queue:
     up: bool  # loaded and its batcher's worker alive
     queued: int  # texts waiting in its batcher's queue
     queue_size: int  # the queue's capacity; 0 until loaded
+    expired_texts: int = 0  # texts dropped before encoding: every caller had gone
+    texts_per_s: float | None = None  # the batcher's throughput estimate; None: no batch yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,8 @@ class EncoderStats:
     overloaded_texts: int  # texts of calls answered RESOURCE_EXHAUSTED
     failed: Mapping[str, int]  # calls that ended with a non-OK gRPC status, by status name
     queue: Queue | None
+    # Calls shed as overload, by reason (expected_wait, queue_full).
+    rejected: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(slots=True)
@@ -121,9 +130,14 @@ class ScorerMetrics:
             registry=registry,
         )
 
-    def read_stats(self, stats: Callable[[], Sequence[EncoderStats]]) -> None:
-        """Export the counters and gauges ``stats`` reports, read at every scrape."""
-        self.registry.register(_StatsCollector(stats))
+    def read_stats(
+        self,
+        stats: Callable[[], Sequence[EncoderStats]],
+        refused: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
+        """Export the counters and gauges ``stats`` reports, and the calls ``refused``
+        counts (by the scorer's guard, by reason), read at every scrape."""
+        self.registry.register(_StatsCollector(stats, refused))
 
     def observe_batch(self, encoder: str, texts: int, seconds: float) -> None:
         self.batch_texts.labels(encoder).observe(texts)
@@ -137,8 +151,13 @@ class ScorerMetrics:
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], Sequence[EncoderStats]]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], Sequence[EncoderStats]],
+        refused: Callable[[], Mapping[str, int]],
+    ) -> None:
         self._stats = stats
+        self._refused = refused
 
     def describe(self) -> list[object]:
         # Nothing to describe before a scrape: the families depend on the encoders served.
@@ -156,21 +175,48 @@ class _StatsCollector(Collector):
             "Embed calls that ended with a non-OK gRPC status.",
             labels=["encoder", "code"],
         )
+        rejected = CounterMetricFamily(
+            "semhealth_scorer_rejected_requests",
+            "Embed calls shed as overload (RESOURCE_EXHAUSTED at once), by reason: "
+            "expected_wait (it could not be answered before its deadline), queue_full.",
+            labels=["encoder", "reason"],
+        )
+        expired = _counter(
+            "expired_texts", "Texts dropped before encoding: every caller's deadline had passed."
+        )
         queued = _gauge("queue_texts", "Texts waiting in the encoder's batcher queue.")
         capacity = _gauge("queue_capacity_texts", "Capacity of the encoder's batcher queue.")
+        rate = _gauge(
+            "throughput_texts_per_second",
+            "The encoder's recent throughput, which admission by expected wait uses.",
+        )
         up = _gauge("encoder_up", "1 when the encoder is loaded and serving, else 0.")
         for stats in snapshot:
             name = [stats.encoder]
             requests.add_metric(name, stats.requests)
             for code, count in sorted(stats.failed.items()):
                 failed.add_metric([stats.encoder, code], count)
-            if stats.queue is not None:  # a served encoder: texts reach its queue
+            for reason, count in sorted(stats.rejected.items()):
+                rejected.add_metric([stats.encoder, reason], count)
+            queue = stats.queue
+            if queue is not None:  # a served encoder: texts reach its queue
                 texts.add_metric(name, stats.texts)
                 overloaded.add_metric(name, stats.overloaded_texts)
-                queued.add_metric(name, stats.queue.queued)
-                capacity.add_metric(name, stats.queue.queue_size)
-                up.add_metric(name, 1.0 if stats.queue.up else 0.0)
-        yield from (requests, texts, overloaded, failed, queued, capacity, up)
+                expired.add_metric(name, queue.expired_texts)
+                queued.add_metric(name, queue.queued)
+                capacity.add_metric(name, queue.queue_size)
+                rate.add_metric(name, queue.texts_per_s or 0.0)
+                up.add_metric(name, 1.0 if queue.up else 0.0)
+        refused = CounterMetricFamily(
+            "semhealth_scorer_refused_requests",
+            "Calls refused before reaching an encoder, by reason: unauthenticated, "
+            "too_many_texts, too_many_bytes, rate_limited.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._refused().items()):
+            refused.add_metric([reason], count)
+        yield from (requests, texts, overloaded, failed, rejected, expired, refused)
+        yield from (queued, capacity, rate, up)
 
 
 def _counter(name: str, help_text: str) -> CounterMetricFamily:

@@ -9,9 +9,17 @@ format is ``_wire``'s, no protoc) and the standard ``grpc.health.v1.Health`` ser
   NOT_SERVING again from the start of shutdown.
 - The client's deadline bounds the batcher call: when it passes, or the client cancels,
   the call is cancelled (texts other callers wait for are kept, the batcher shields them).
-- A full queue answers RESOURCE_EXHAUSTED with the queue's figures in trailing metadata,
-  so clients shed instead of retrying; a retryable backend failure answers UNAVAILABLE,
-  a permanent one INTERNAL. Details carry counts and reasons, never texts.
+- Admission by expected wait: a call that could not be answered within its deadline, at
+  the encoder's recent throughput with every queued text ahead of it, is answered
+  RESOURCE_EXHAUSTED at once (reason ``expected_wait``), as is one whose texts do not fit in
+  the queue (``queue_full``); trailing metadata carry the reason, the queue's figures and
+  the expected wait, so clients shed instead of retrying. Texts whose callers' deadlines
+  passed while queued are dropped before the model sees them. Shedding is logged at most
+  once per ``overload_log_interval_s``, with counts only.
+- A retryable backend failure answers UNAVAILABLE, a permanent one INTERNAL. Details carry
+  counts and reasons, never texts.
+- The port can be locked (``scorer_guard``): TLS or mutual TLS, a bearer token
+  (UNAUTHENTICATED without it), and limits per call and per caller (RESOURCE_EXHAUSTED).
 - Each encoder keeps its own counters; ``self.metrics`` exports them, its queue and the
   batch and latency histograms (``scorer_metrics``) for ``semhealth scorer --metrics-listen``.
 """
@@ -19,6 +27,7 @@ format is ``_wire``'s, no protoc) and the standard ``grpc.health.v1.Health`` ser
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +40,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[i
 from semhealth.embeddings import _wire
 from semhealth.embeddings.backend import Backend, Vectors
 from semhealth.embeddings.batcher import MicroBatcher
-from semhealth.embeddings.config import Batching
+from semhealth.embeddings.cache import Cache
+from semhealth.embeddings.config import DEFAULT_CACHE_ENTRIES, Batching
 from semhealth.embeddings.errors import (
     BackendError,
     Closed,
@@ -39,6 +49,7 @@ from semhealth.embeddings.errors import (
     ModelLoadError,
     Overloaded,
 )
+from semhealth.embeddings.scorer_guard import RATE_LIMITED, Guard, caller_of
 from semhealth.embeddings.scorer_metrics import (
     NO_ENCODER,
     OK,
@@ -49,6 +60,16 @@ from semhealth.embeddings.scorer_metrics import (
 )
 
 DEFAULT_SHUTDOWN_S = 5.0
+DEFAULT_OVERLOAD_LOG_INTERVAL_S = 10.0
+# Why a call was shed as overload (the rejected counter's label and the metadata's reason).
+EXPECTED_WAIT = "expected_wait"  # it could not be answered before its deadline
+QUEUE_FULL = "queue_full"  # its texts did not fit in the queue
+EXPIRED = "expired"  # its deadline passed, or its client cancelled, while it waited
+# A call is admitted when its expected wait fits in this share of the time its deadline
+# leaves: the estimate trails a model whose speed moves (a shared machine, a GPU that
+# throttles), and a call admitted to miss its deadline wastes the model's time twice.
+ADMIT_SHARE = 0.75
+log = logging.getLogger("semhealth.scorer")
 _HEALTH_NAMES = ("", _wire.SERVICE)  # the whole server, and the scorer service by name
 
 
@@ -72,9 +93,12 @@ Source = MicroBatcher | ServedEncoder
 class ScorerStats:
     rpcs: int  # Embed calls received
     texts: int  # texts those calls had embedded
-    overloaded: int  # calls answered RESOURCE_EXHAUSTED
+    overloaded: int  # calls shed as overload (RESOURCE_EXHAUSTED), for every reason
     expired: int  # calls whose deadline passed or whose client cancelled
     failed: int  # calls a backend failure answered
+    rejected: Mapping[str, int] = field(default_factory=dict)  # overloaded, by reason
+    refused: Mapping[str, int] = field(default_factory=dict)  # by the guard, by reason
+    expired_texts: int = 0  # texts dropped before encoding: every caller had gone
 
 
 @dataclass(slots=True)
@@ -83,6 +107,7 @@ class _Counters:
     texts: int = 0
     overloaded: int = 0
     overloaded_texts: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # overloaded calls, by reason
     expired: int = 0
     failed: int = 0
     # Every Embed call that ended with a non-OK status, by the status's name: the
@@ -101,10 +126,39 @@ class _Served:
 
 
 @dataclass(slots=True)
+class _ShedLog:
+    """Shed calls since the last line: one log line per interval at most, counts only."""
+
+    interval_s: float
+    last: float = field(default_factory=time.monotonic)
+    calls: dict[str, int] = field(default_factory=dict)
+    texts: int = 0
+
+    def note(self, reason: str, texts: int) -> None:
+        self.calls[reason] = self.calls.get(reason, 0) + 1
+        self.texts += texts
+        now = time.monotonic()
+        if now - self.last < self.interval_s:
+            return
+        reasons = ", ".join(f"{count} {name}" for name, count in sorted(self.calls.items()))
+        log.warning(
+            "overloaded: shed %d calls (%d texts) in the last %.0f s (%s)",
+            sum(self.calls.values()),
+            self.texts,
+            now - self.last,
+            reasons,
+        )
+        self.last, self.calls, self.texts = now, {}, 0
+
+
+@dataclass(slots=True)
 class _State:
     """What the handlers and the loading task share; they hold this, never the server."""
 
     encoders: dict[str, _Served]
+    guard: Guard
+    shed_log: _ShedLog
+    cache: Cache
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # health updates in flight
     load_error: EmbeddingError | None = None
@@ -119,6 +173,9 @@ class ScorerServer:
     ``encoders`` maps the name clients ask for to its source. ``port`` 0 picks a free port;
     ``self.port`` is the bound one after ``start``. ``on_task_failure`` hears of a model
     that failed to load or a batcher worker that died (the agent logs, counts, marks health).
+    ``credentials`` (``ServerTls(...).credentials()``) serve TLS instead of plain text;
+    ``guard`` checks tokens and limits (default: no token, the default size limits).
+    ``cache_entries`` bounds the vectors kept for the encoders built here, all together.
     """
 
     def __init__(
@@ -129,6 +186,10 @@ class ScorerServer:
         port: int = 0,
         max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
         on_task_failure: Callable[[BaseException], None] | None = None,
+        credentials: Any = None,
+        guard: Guard | None = None,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        overload_log_interval_s: float = DEFAULT_OVERLOAD_LOG_INTERVAL_S,
     ) -> None:
         if not encoders:
             raise ValueError("the scorer needs at least one encoder to serve")
@@ -136,9 +197,15 @@ class ScorerServer:
         self.port = port
         self._max_message_bytes = max_message_bytes
         self._on_task_failure = on_task_failure
-        self._state = _State({name: _Served(source) for name, source in encoders.items()})
+        self._credentials = credentials
+        self._state = _State(
+            {name: _Served(source) for name, source in encoders.items()},
+            guard=guard or Guard(),
+            shed_log=_ShedLog(overload_log_interval_s),
+            cache=Cache(cache_entries),
+        )
         self.metrics = self._state.metrics
-        self.metrics.read_stats(self.encoder_stats)
+        self.metrics.read_stats(self.encoder_stats, self.refused)
         self._server: Any = None
         self._health: Any = None
         self._load_task: asyncio.Task[None] | None = None
@@ -165,7 +232,7 @@ class ScorerServer:
         )
         server.add_generic_rpc_handlers((_scorer_handler(self._state),))
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        self.port = await _bind_and_start(server, self.host, self.port)
+        self.port = await _bind_and_start(server, self.host, self.port, self._credentials)
         self._server, self._health = server, servicer
         self._load_task = asyncio.get_running_loop().create_task(
             _load_all(self._state, servicer, self._on_task_failure), name="semhealth-scorer-load"
@@ -208,12 +275,20 @@ class ScorerServer:
         """The whole scorer's counts: every encoder's, and calls that named none."""
         state = self._state
         every = [*(served.counters for served in state.encoders.values()), state.unmatched]
+        rejected: dict[str, int] = {}
+        for counters in every:
+            for reason, count in counters.rejected.items():
+                rejected[reason] = rejected.get(reason, 0) + count
+        batchers = [s.batcher for s in state.encoders.values() if s.batcher is not None]
         return ScorerStats(
             rpcs=sum(counters.rpcs for counters in every),
             texts=sum(counters.texts for counters in every),
             overloaded=sum(counters.overloaded for counters in every),
             expired=sum(counters.expired for counters in every),
             failed=sum(counters.failed for counters in every),
+            rejected=rejected,
+            refused=dict(state.guard.refused),
+            expired_texts=sum(batcher.stats().expired_texts for batcher in batchers),
         )
 
     def encoder_stats(self) -> list[EncoderStats]:
@@ -225,11 +300,14 @@ class ScorerServer:
         rows.append(EncoderStats(NO_ENCODER, unmatched.rpcs, 0, 0, dict(unmatched.codes), None))
         return rows
 
+    def refused(self) -> dict[str, int]:
+        """Calls the guard refused before they reached an encoder, by reason."""
+        return dict(self._state.guard.refused)
+
 
 def _encoder_stats(name: str, served: _Served, state: _State) -> EncoderStats:
     counters, batcher = served.counters, served.batcher
-    queued = batcher.stats().waiting if batcher is not None else 0
-    queue_size = batcher.config.queue_size if batcher is not None else 0
+    stats = batcher.stats() if batcher is not None else None
     up = batcher is not None and state.load_error is None and not served.worker_failed
     return EncoderStats(
         encoder=name,
@@ -237,7 +315,14 @@ def _encoder_stats(name: str, served: _Served, state: _State) -> EncoderStats:
         texts=counters.texts,
         overloaded_texts=counters.overloaded_texts,
         failed=dict(counters.codes),
-        queue=Queue(up=up, queued=queued, queue_size=queue_size),
+        queue=Queue(
+            up=up,
+            queued=stats.waiting if stats else 0,
+            queue_size=batcher.config.queue_size if batcher is not None else 0,
+            expired_texts=stats.expired_texts if stats else 0,
+            texts_per_s=stats.texts_per_s if stats else None,
+        ),
+        rejected=dict(counters.rejected),
     )
 
 
@@ -248,6 +333,10 @@ async def serve_scorer(
     *,
     max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
     on_task_failure: Callable[[BaseException], None] | None = None,
+    credentials: Any = None,
+    guard: Guard | None = None,
+    cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    overload_log_interval_s: float = DEFAULT_OVERLOAD_LOG_INTERVAL_S,
 ) -> ScorerServer:
     """Build and start a scorer; ``await server.wait_ready()`` to wait for the models."""
     server = ScorerServer(
@@ -256,6 +345,10 @@ async def serve_scorer(
         port=port,
         max_message_bytes=max_message_bytes,
         on_task_failure=on_task_failure,
+        credentials=credentials,
+        guard=guard,
+        cache_entries=cache_entries,
+        overload_log_interval_s=overload_log_interval_s,
     )
     await server.start()
     return server
@@ -264,10 +357,13 @@ async def serve_scorer(
 # -- start and stop --------------------------------------------------------------------------
 
 
-async def _bind_and_start(server: Any, host: str, port: int) -> int:
+async def _bind_and_start(server: Any, host: str, port: int, credentials: Any) -> int:
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
         if not bound:
             raise OSError(f"could not bind the scorer to {address}")
         await server.start()
@@ -285,7 +381,7 @@ async def _load_all(
     try:
         for name, served in state.encoders.items():
             report = _worker_failure_reporter(state, servicer, on_failure, served)
-            await _load_one(name, served, report, state.metrics)
+            await _load_one(name, served, report, state.metrics, state.cache)
     except Exception as exc:
         state.load_error = _as_load_error(exc)
         if on_failure is not None:
@@ -329,6 +425,7 @@ async def _load_one(
     served: _Served,
     on_failure: Callable[[BaseException], None] | None,
     metrics: ScorerMetrics,
+    cache: Cache,
 ) -> None:
     source = served.source
     if isinstance(source, MicroBatcher):
@@ -338,7 +435,9 @@ async def _load_one(
         loaded = await asyncio.to_thread(source.load)
         metered = MeteredBackend(loaded, partial(metrics.observe_batch, name))
         try:
-            batcher = MicroBatcher(metered, source.batching, on_task_failure=on_failure)
+            batcher = MicroBatcher(
+                metered, source.batching, cache=cache, on_task_failure=on_failure
+            )
         except ValueError:
             await metered.aclose()
             raise
@@ -429,6 +528,7 @@ async def _embed(
 async def _embed_counted(
     state: _State, request: _wire.EmbedRequest | _wire.Malformed, context: Any, call: _Call
 ) -> Vectors:
+    caller = await _authenticated(state, context, call)
     if isinstance(request, _wire.Malformed):
         call.counters.rpcs += 1
         await _refuse(context, call, *_malformed(request, "Embed"))
@@ -441,12 +541,16 @@ async def _embed_counted(
     batcher = found.batcher
     assert batcher is not None  # _served refuses unless loaded
     counters, count = call.counters, len(request.texts)
+    await _within_limits(state, context, call, caller, request)
+    # None when the client set no deadline: then only its cancelling ends the wait.
+    remaining = context.time_remaining()
+    await _admit_by_wait(state, context, call, batcher, count, remaining)
     try:
-        # None when the client set no deadline: then only its cancelling ends the wait.
-        async with asyncio.timeout(context.time_remaining()):
+        async with asyncio.timeout(remaining):
             vectors = await batcher.embed(request.texts)
     except TimeoutError:
         counters.expired += 1
+        state.shed_log.note(EXPIRED, count)
         await _refuse(
             context,
             call,
@@ -454,16 +558,8 @@ async def _embed_counted(
             f"the deadline passed before {count} texts",
         )
     except Overloaded as exc:
-        counters.overloaded += 1
-        counters.overloaded_texts += count
-        figures = _wire.encode_overload(exc.requested, exc.free, exc.queue_size)
-        await _refuse(
-            context,
-            call,
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            str(exc),
-            (_wire.OVERLOADED_KEY, figures),
-        )
+        figures = _wire.Overload(QUEUE_FULL, exc.requested, exc.free, exc.queue_size)
+        await _shed(state, context, call, figures, str(exc))
     except Closed:
         await _refuse(context, call, grpc.StatusCode.UNAVAILABLE, "the scorer is shutting down")
     except BackendError as exc:
@@ -477,9 +573,93 @@ async def _embed_counted(
     return vectors
 
 
+async def _authenticated(state: _State, context: Any, call: _Call) -> str:
+    """The caller's identity (a digest), or the call ends UNAUTHENTICATED, counted."""
+    token = state.guard.authenticate(context.invocation_metadata())
+    if token is None:
+        call.counters.rpcs += 1
+        # Never says what was presented, nor what was expected.
+        await _refuse(
+            context,
+            call,
+            grpc.StatusCode.UNAUTHENTICATED,
+            "this scorer needs authorization: Bearer <token> metadata",
+        )
+    return caller_of(context, token)
+
+
+async def _within_limits(
+    state: _State, context: Any, call: _Call, caller: str, request: _wire.EmbedRequest
+) -> None:
+    """A call over the size limits, or from a caller over its rate, ends RESOURCE_EXHAUSTED.
+
+    Too large a call has no overload mark: no shedding or retry fixes it, so the client
+    takes it as a permanent error. A caller over its rate sheds, as for a busy scorer.
+    """
+    guard, count = state.guard, len(request.texts)
+    too_large = guard.check_size(count, request.size)
+    if too_large is not None:
+        await _refuse(context, call, grpc.StatusCode.RESOURCE_EXHAUSTED, too_large)
+    over_rate = guard.take(caller, count)
+    if over_rate is not None:
+        mark = _wire.overload_metadata(_wire.Overload(RATE_LIMITED, count, 0, 0))
+        await _refuse(context, call, grpc.StatusCode.RESOURCE_EXHAUSTED, over_rate, mark)
+
+
+async def _admit_by_wait(
+    state: _State,
+    context: Any,
+    call: _Call,
+    batcher: MicroBatcher,
+    count: int,
+    remaining: float | None,
+) -> None:
+    """Refuse at once a call that would still be queued when its deadline passes."""
+    if remaining is None:
+        return
+    wait = batcher.expected_wait_s(count)
+    if wait is None or wait <= ADMIT_SHARE * remaining:
+        return
+    queue_size = batcher.config.queue_size
+    free = queue_size - batcher.stats().waiting
+    figures = _wire.Overload(EXPECTED_WAIT, count, free, queue_size, wait)
+    await _shed(
+        state,
+        context,
+        call,
+        figures,
+        f"{count} texts would be answered in about {wait:.2f} s, too close to the "
+        f"{remaining:.2f} s left to the deadline; the work is shed",
+    )
+
+
+async def _shed(
+    state: _State, context: Any, call: _Call, figures: _wire.Overload, details: str
+) -> NoReturn:
+    """End a call as overload: RESOURCE_EXHAUSTED with the scorer's mark, counted by reason."""
+    counters = call.counters
+    counters.overloaded += 1
+    counters.overloaded_texts += figures.requested
+    counters.rejected[figures.reason] = counters.rejected.get(figures.reason, 0) + 1
+    state.shed_log.note(figures.reason, figures.requested)
+    await _refuse(
+        context,
+        call,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        details,
+        _wire.overload_metadata(figures),
+    )
+
+
 async def _info(
     state: _State, request: _wire.InfoRequest | _wire.Malformed, context: Any
 ) -> _wire.Info:
+    if state.guard.authenticate(context.invocation_metadata()) is None:
+        await _abort(
+            context,
+            grpc.StatusCode.UNAUTHENTICATED,
+            "this scorer needs authorization: Bearer <token> metadata",
+        )
     if isinstance(request, _wire.Malformed):
         await _abort(context, *_malformed(request, "Info"))
     found = _served(state, request.encoder)
@@ -524,7 +704,7 @@ async def _refuse(
     call: _Call,
     code: Any,
     details: str,
-    metadata: tuple[str, str] | None = None,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> NoReturn:
     """End an Embed call with ``code``, counted under the encoder it named."""
     _count_failure(call, code.name)
@@ -532,8 +712,8 @@ async def _refuse(
 
 
 async def _abort(
-    context: Any, code: Any, details: str, metadata: tuple[str, str] | None = None
+    context: Any, code: Any, details: str, metadata: tuple[tuple[str, str], ...] = ()
 ) -> NoReturn:
     """End the RPC with ``code``; grpc's ``abort`` raises, which the type checker cannot see."""
-    await context.abort(code, details, (metadata,) if metadata else ())
+    await context.abort(code, details, metadata)
     raise AssertionError("grpc's abort returned")  # pragma: no cover

@@ -6,6 +6,7 @@ The scorer serves the real all-MiniLM-L6-v2; the agent is configured only throug
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,13 +26,19 @@ from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
+from semhealth.embeddings.remote_scorer import RemoteScorerBackend
 from semhealth.embeddings.scorer_service import ScorerServer, serve_scorer
 from tests.agent.test_relevance_e2e import (
+    RELEVANT,
     answer,
+    chat,
     metrics,
+    post,
     post_one_and_wait_scored,
     value,
+    wait_for,
 )
+from tests.embeddings.wrappers import Gated
 
 SERVED = "default"
 
@@ -49,7 +57,12 @@ async def scorer_serving(backend: Backend) -> AsyncIterator[ScorerServer]:
 
 
 def scorer_config(
-    tmp_path: Path, url: str, *, enabled: str, upstream_url: str = "http://127.0.0.1:9"
+    tmp_path: Path,
+    url: str,
+    *,
+    enabled: str,
+    upstream_url: str = "http://127.0.0.1:9",
+    timeout_s: float = 2.0,
 ) -> Config:
     path = tmp_path / "semhealth.yaml"
     path.write_text(
@@ -65,7 +78,7 @@ def scorer_config(
                   backend: scorer
                   remote:
                     url: "{url}"
-                    timeout_s: 2
+                    timeout_s: {timeout_s}
             """
         )
     )
@@ -103,6 +116,76 @@ async def test_a_request_is_scored_through_the_configured_scorer(
             finally:
                 await agent.shutdown()
     finally:
+        await upstream.shutdown()
+
+
+@asynccontextmanager
+async def agent_on(config: Config) -> AsyncIterator[Agent]:
+    agent = Agent(config, Settings())
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.shutdown()
+
+
+async def fill_the_queue(server: ScorerServer, gated: Gated, batcher: MicroBatcher) -> list[Any]:
+    """Four texts held in the model, four more filling a queue of four: no room left."""
+    client = RemoteScorerBackend(f"127.0.0.1:{server.port}", SERVED, timeout_s=30.0)
+    first = asyncio.create_task(client.embed([f"held {i}" for i in range(4)]))
+    await gated.entered.wait()
+    second = asyncio.create_task(client.embed([f"queued {i}" for i in range(4)]))
+    async with asyncio.timeout(10.0):
+        while batcher.stats().waiting < 4:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return [client, first, second]
+
+
+@pytest.mark.parametrize("overload", ["queue_full", "deadline"])
+async def test_a_scorer_that_sheds_or_misses_the_deadline_counts_as_dropped(
+    minilm: Backend, tmp_path: Path, overload: str
+) -> None:
+    """RESOURCE_EXHAUSTED from a full scorer, or DEADLINE_EXCEEDED from a slow one, is shed
+    work for the sidecar: semhealth_dropped_total{stage="relevance"}, not an error."""
+    upstream = SimulatedUpstream(answer)
+    await upstream.start()
+    gated = Gated(minilm)
+    batcher = MicroBatcher(gated, Batching(queue_size=4, max_batch=4, flush_timeout_s=0.0))
+    await batcher.start()
+    server = await serve_scorer({SERVED: batcher})
+    held: list[Any] = []
+    try:
+        if overload == "queue_full":
+            held = await fill_the_queue(server, gated, batcher)
+        url = f"127.0.0.1:{server.port}"
+        config = scorer_config(
+            tmp_path, url, enabled="true", upstream_url=upstream.url, timeout_s=0.5
+        )
+        async with agent_on(config) as agent, aiohttp.ClientSession() as session:
+            query, context = RELEVANT[0]
+            await post(session, agent.proxy_url, chat("fits", query, context))
+
+            async def dropped() -> bool:
+                samples = await metrics(session, agent)
+                return value(samples, "semhealth_dropped_total", stage="relevance") == 1
+
+            await wait_for(dropped)
+            samples = await metrics(session, agent)
+            assert value(samples, "semhealth_relevance_errors_total") == 0
+            assert value(samples, "semhealth_relevance_scored_total") == 0
+        stats = server.stats()
+        if overload == "queue_full":
+            assert stats.rejected == {"queue_full": 1}
+        else:
+            assert stats.expired == 1
+    finally:
+        gated.release()
+        if held:
+            client, *calls = held
+            await asyncio.gather(*calls)
+            await client.aclose()
+        await server.shutdown(1.0)
+        await batcher.shutdown(1.0)
         await upstream.shutdown()
 
 

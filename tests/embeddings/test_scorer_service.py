@@ -21,7 +21,7 @@ from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
 from semhealth.embeddings.errors import BackendError, ModelLoadError, Overloaded
 from semhealth.embeddings.local import LocalBackend
-from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+from semhealth.embeddings.remote_scorer import DEADLINE, RemoteScorerBackend, ScorerOverloaded
 from semhealth.embeddings.scorer_service import ScorerServer, ServedEncoder, serve_scorer
 from tests.embeddings.loopback import TEXTS, assert_same_scores, relevance_cases
 from tests.embeddings.wrappers import Failing, Gated, Recording
@@ -258,15 +258,17 @@ async def test_a_dead_worker_turns_health_to_not_serving(minilm: LocalBackend) -
 # -- deadlines, overload, failures -----------------------------------------------------------
 
 
-async def test_a_deadline_shorter_than_the_batch_is_a_retryable_error(
+async def test_a_deadline_shorter_than_the_batch_is_shed_by_the_client(
     minilm: LocalBackend,
 ) -> None:
     gated = Gated(minilm)
     async with serving(gated) as (server, _), client_of(server, timeout_s=0.2) as client:
         try:
-            with pytest.raises(BackendError, match="DEADLINE_EXCEEDED") as caught:
+            with pytest.raises(ScorerOverloaded, match="did not answer 2 texts") as caught:
                 await client.embed(TEXTS[:2])
-            assert caught.value.retryable
+            # Overload, as the sidecar counts it: shed work, not an error.
+            assert isinstance(caught.value, Overloaded)
+            assert caught.value.reason == DEADLINE
             # The scorer gave up its wait for the batch too.
             await until(lambda: server.stats().expired == 1)
             assert server.stats().texts == 0

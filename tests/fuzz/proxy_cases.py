@@ -57,6 +57,7 @@ class Case:
     method: str
     request_pieces: tuple[bytes, ...]  # the client's writes
     again: bytes | None  # a second request on the same connection once the first is answered
+    pipelined: bool  # the second request goes out with the first, not after its answer
     reply: Reply
     expect: Expect
     canary: str
@@ -91,13 +92,14 @@ def make_case(seed: int) -> Case:
         expect = Expect.SAME
     pieces = _split(rng, request, max_pieces=4)
     # Keep-alive: the same request again on the connection, when both ends keep it open.
-    again = None
+    again, pipelined = None, False
     keep = b"connection: close" not in request.lower() and not reply.close
     if expect is Expect.SAME and keep and rng.random() < 0.4:
         again = request
-        kind += "+again"
+        pipelined = rng.random() < 0.3
+        kind += "+pipelined" if pipelined else "+again"
     describe = f"seed={seed} request={kind} reply={notes} expect={expect.value}"
-    return Case(seed, token, method, pieces, again, reply, expect, canary, describe)
+    return Case(seed, token, method, pieces, again, pipelined, reply, expect, canary, describe)
 
 
 # -- requests --------------------------------------------------------------------------------
@@ -122,10 +124,15 @@ def _valid_request(rng: random.Random, token: str, canary: str) -> tuple[str, by
     close = rng.random() < 0.5
     if close:
         headers.append(("Connection", "close"))
+    if body and rng.random() < 0.2:
+        headers.append(("Expect", "100-continue"))  # sent with its body at once, as some do
+    if rng.random() < 0.2:
+        headers += [("X-Empty", ""), ("X-Tab", "a\tb"), ("X-Latin", "caf\xe9")]
     chunked = bool(body) and rng.random() < 0.3
     if chunked:
         headers.append(("Transfer-Encoding", "chunked"))
-        encoded = _chunked(rng, body, trailers=False)
+        trailer = f"X-Request-Trailer: {canary}" if rng.random() < 0.3 else None
+        encoded = _chunked(rng, body, trailer=trailer)
     else:
         if body or method in ("POST", "PUT"):
             headers.append(("Content-Length", str(len(body))))
@@ -134,7 +141,7 @@ def _valid_request(rng: random.Random, token: str, canary: str) -> tuple[str, by
     head = f"{method} {_path(rng, token)} {version}\r\n"
     head += "".join(f"{_case(rng, k)}: {v}\r\n" for k, v in headers) + "\r\n"
     kind = f"{method}{'/chunked' if chunked else ''}{'/close' if close else ''}"
-    return method, head.encode() + encoded, kind
+    return method, head.encode("latin-1") + encoded, kind
 
 
 def _hostile_request(rng: random.Random, token: str, canary: str) -> tuple[str, bytes, str]:
@@ -189,13 +196,16 @@ def _reply(rng: random.Random, method: str, canary: str) -> tuple[Reply, str, st
     if rng.random() < 0.3:
         headers.append(("Set-Cookie", "a=b; Path=/"))
         headers.append(("set-cookie", "c=d"))
+    if rng.random() < 0.2:  # header fidelity: odd but valid values, many and long ones
+        headers += [("X-Empty", ""), ("X-Latin", "caf\xe9"), ("X-Long", "v" * 8000)]
+        headers += [(f"X-N{i}", str(i)) for i in range(rng.randrange(1, 100))]
     encoded = b""
     if framing == "length":
         headers.append(("Content-Length", str(len(body))))
         encoded = body
     elif framing == "chunked":
         headers.append(("Transfer-Encoding", "chunked"))
-        encoded = _chunked(rng, body, trailers=rng.random() < 0.3)
+        encoded = _chunked(rng, body, trailer="X-Checksum: 1" if rng.random() < 0.3 else None)
     elif framing == "close":
         encoded = body
     elif method == "HEAD" and status not in (204, 304):
@@ -207,7 +217,9 @@ def _reply(rng: random.Random, method: str, canary: str) -> tuple[Reply, str, st
     reason = rng.choice(["OK", "Whatever", ""])
     head = f"HTTP/1.1 {status} {reason}\r\n"
     head += "".join(f"{_case(rng, k)}: {v}\r\n" for k, v in headers) + "\r\n"
-    raw = head.encode() + encoded
+    if rng.random() < 0.1:  # interim answers before the final one
+        head = rng.choice(_INTERIM) + head
+    raw = head.encode("latin-1") + encoded
     damage = "none"
     close = said_close
     roll = rng.random()
@@ -223,7 +235,7 @@ def _reply(rng: random.Random, method: str, canary: str) -> tuple[Reply, str, st
     elif roll < 0.12 and framing == "chunked":
         bad = rng.choice([b"zz\r\n", b"-1\r\n", b"1;\x00\r\n", b"ffffffffffffffffff\r\n"])
         # The first chunk's size line is broken: nothing after the head can be framed.
-        raw, close, damage = head.encode() + bad + encoded, True, "framing"
+        raw, close, damage = head.encode("latin-1") + bad + encoded, True, "framing"
     elif roll < 0.14:
         raw, close, damage = b"HTTP/1.1 2OO Broken\r\n\r\n" + encoded, True, "head"
     notes = f"{status}/{framing}/{content_type.split(';')[0]}/{len(body)}B/{damage}"
@@ -263,7 +275,14 @@ def _spoil(rng: random.Random, body: bytes) -> bytes:
 # -- shared helpers -------------------------------------------------------------------------
 
 
-def _chunked(rng: random.Random, body: bytes, *, trailers: bool) -> bytes:
+_INTERIM = (
+    "HTTP/1.1 100 Continue\r\n\r\n",
+    "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n",
+)
+
+
+def _chunked(rng: random.Random, body: bytes, *, trailer: str | None) -> bytes:
     out = []
     pos = 0
     while pos < len(body):
@@ -271,7 +290,7 @@ def _chunked(rng: random.Random, body: bytes, *, trailers: bool) -> bytes:
         ext = rng.choice([b"", b"", b";ext=1", b';a=b;c="d"'])
         out.append(b"%x%s\r\n%s\r\n" % (size, ext, body[pos : pos + size]))
         pos += size
-    tail = b"X-Checksum: 1\r\n" if trailers else b""
+    tail = f"{trailer}\r\n".encode() if trailer else b""
     return b"".join(out) + b"0\r\n" + tail + b"\r\n"
 
 

@@ -148,6 +148,7 @@ class Received:
     parse_error: bool = False
     timed_out: bool = False
     again: Received | None = None  # the answer to the case's second request, if sent
+    interim: list[int] = field(default_factory=list)  # 1xx statuses before the final answer
 
     @property
     def body(self) -> bytes:
@@ -166,6 +167,8 @@ class _ResponseParser:
         self.bodiless = bodiless
         self.parser = httptools.HttpResponseParser(self)
         self.fed = 0
+        self.message_start = 0  # where the head being parsed starts (after any 1xx)
+        self.in_interim = False
 
     def feed(self, data: bytes) -> None:
         received = self.received
@@ -183,15 +186,27 @@ class _ResponseParser:
 
     def on_headers_complete(self) -> None:
         received = self.received
-        received.status = self.parser.get_status_code()
-        end = received.raw.find(b"\r\n\r\n")
-        received.head_end = end + 4 if end >= 0 else len(received.raw)
+        status = self.parser.get_status_code()
+        end = received.raw.find(b"\r\n\r\n", self.message_start)
+        head_end = end + 4 if end >= 0 else len(received.raw)
+        if 100 <= status < 200:
+            # An interim answer: the final one follows on the same connection.
+            received.interim.append(status)
+            received.headers = []
+            self.message_start = head_end
+            self.in_interim = True
+            return
+        received.status = status
+        received.head_end = head_end
         if self.bodiless or received.status in (204, 304):
             received.complete = True
             received.body_end = received.head_end
 
     def on_message_complete(self) -> None:
         received = self.received
+        if self.in_interim:
+            self.in_interim = False
+            return
         if not received.complete:
             received.complete = True
             # llhttp has consumed exactly the message: its end is where this feed stopped.
@@ -232,14 +247,18 @@ async def fetch(port: int, case: Case, timeout_s: float = CASE_TIMEOUT_S) -> Rec
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:
-                sender = asyncio.create_task(_send(writer, case.request_pieces))
+                pieces = case.request_pieces
+                if case.pipelined and case.again is not None:
+                    pieces = (*pieces, case.again)
+                sender = asyncio.create_task(_send(writer, pieces))
                 await _read(reader, received, case.method, b"")
                 sender.cancel()
                 with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
                     await sender
                 if case.again is not None and received.complete and not _closing(received):
                     received.again = Received()
-                    await _send(writer, [case.again])
+                    if not case.pipelined:
+                        await _send(writer, [case.again])
                     rest = received.raw[received.body_end or len(received.raw) :]
                     await _read(reader, received.again, case.method, rest)
             finally:
@@ -346,6 +365,8 @@ def _same(direct: Received, proxied: Received) -> list[str]:
             f"body differs: {len(proxied.body)} bytes through the proxy, {len(direct.body)} direct"
             f" (first difference at byte {_first_difference(proxied.body, direct.body)})"
         )
+    if proxied.interim != direct.interim:
+        problems.append(f"interim answers {proxied.interim} through the proxy, {direct.interim}")
     if proxied.complete != direct.complete:
         problems.append(f"complete {proxied.complete} through the proxy, {direct.complete} direct")
     return problems
@@ -495,14 +516,19 @@ def answer_of(case: Case, proxied: Received) -> str:
 
 
 async def run_case(
-    upstream: RawUpstream, running: Sidecar, seed: int, answers: dict[str, int] | None = None
+    upstream: RawUpstream,
+    running: Sidecar,
+    seed: int,
+    answers: dict[str, int] | None = None,
+    *,
+    timeout_s: float = CASE_TIMEOUT_S,
 ) -> Failure | None:
     case = make_case(seed)
     upstream.cases[case.token] = case
     try:
-        direct = await fetch(upstream.ports["direct"], case)
+        direct = await fetch(upstream.ports["direct"], case, timeout_s)
         errors_before = len(upstream.stats["behind"].parse_errors)
-        proxied = await fetch(running.proxy_port, case)
+        proxied = await fetch(running.proxy_port, case, timeout_s)
         # A parse error behind the proxy, for this case's token, is this case's.
         new = upstream.stats["behind"].parse_errors[errors_before:]
         mine = sum(1 for token in new if token in (case.token, "?"))

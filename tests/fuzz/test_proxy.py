@@ -11,13 +11,23 @@ ready, and no canary may reach its logs. The deep profile runs 10,000 cases; so 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 
 from hypothesis import settings
 
 from tests.fuzz.budget import DEEP_EXAMPLES
 from tests.fuzz.proxy_cases import Expect, Reply, make_case
-from tests.fuzz.proxy_harness import Received, compare, end_to_end, run_seeds
+from tests.fuzz.proxy_harness import (
+    RawUpstream,
+    Received,
+    Sidecar,
+    compare,
+    end_to_end,
+    run_case,
+    run_seeds,
+)
 
 
 def case_count() -> int:
@@ -123,3 +133,68 @@ def test_gateway_and_prefix_expectations_are_checked() -> None:
     assert compare(prefix, direct, received(200, [], b"5\r\nhello\r\n", eof=True), 0) == []
     assert compare(prefix, direct, received(200, [], b"5\r\nhellx", eof=True), 0)
     assert compare(prefix, direct, received(200, [], b"5\r\nhello\r\n"), 0)  # left open
+
+
+# -- the harness catches a proxy that is wrong ------------------------------------------------
+
+
+class FlippingRelay:
+    """A TCP relay to the upstream that changes one byte of every answer past its 300th:
+    the kind of bug the fuzzer exists to catch."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        tasks = [
+            asyncio.create_task(_pipe(reader, up_writer, flip_at=None)),
+            asyncio.create_task(_pipe(up_reader, writer, flip_at=300)),
+        ]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        writer.close()
+        up_writer.close()
+
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, flip_at: int | None
+) -> None:
+    seen = 0
+    with contextlib.suppress(ConnectionError, OSError):
+        while data := await reader.read(65536):
+            if flip_at is not None and seen <= flip_at < seen + len(data):
+                at = flip_at - seen
+                data = data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1 :]
+            seen += len(data)
+            writer.write(data)
+            await writer.drain()
+
+
+async def test_the_harness_catches_a_relay_that_changes_one_byte() -> None:
+    upstream = RawUpstream()
+    await upstream.start()
+    relay = FlippingRelay(upstream.ports["behind"])
+    port = await relay.start()
+    stand_in = Sidecar(process=None, proxy_port=port, admin_port=0, log_path="")  # type: ignore[arg-type]
+    try:
+        seeds = [s for s in range(400) if make_case(s).expect is Expect.SAME][:60]
+        failures = [await run_case(upstream, stand_in, seed, timeout_s=5) for seed in seeds]
+    finally:
+        await relay.stop()
+        await upstream.stop()
+    caught = [f for f in failures if f is not None]
+    assert caught, "a relay that corrupts answers passed the fuzzer"
+    assert all(f"--seed {f.seed} --cases 1" in str(f) for f in caught)
+    assert any("body differs" in p or "headers differ" in p for f in caught for p in f.problems)

@@ -9,6 +9,7 @@ Its ``/metrics`` listener (``--metrics-listen``) is scraped as Prometheus would.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +28,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-un
 from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.embeddings.config import USE_MODEL
-from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+from semhealth.embeddings.errors import BackendError
+from semhealth.embeddings.remote_scorer import RemoteScorerBackend, tls_credentials
 from semhealth.embeddings.use import UseBackend
+from tests.embeddings.certs import make_pki
 from tests.embeddings.loopback import TEXTS, assert_same_scores, relevance_cases
 from tests.servers import free_port
 
@@ -36,11 +39,14 @@ ENCODER = "multilingual"
 START_S = 60.0  # loading USE takes a few seconds; a loaded CI machine can take many more
 STOP_S = 10.0  # "a few seconds" for SIGTERM, with room for a slow machine
 SERVING = health_pb2.HealthCheckResponse.SERVING
+# One vector kept: a text asked for again after another is embedded again, which the
+# scorer's batch metrics show (cache_entries is honoured, not the default 8,192).
 CONFIG = textwrap.dedent(
     f"""\
     relevance:
       encoder: {ENCODER}
       route_cjk_to: null
+      cache_entries: 1
       encoders:
         - name: {ENCODER}
           backend: use
@@ -60,7 +66,7 @@ class Scorer:
         return self.log.read_text("utf-8", errors="replace")
 
 
-def start_scorer(folder: Path, metrics: str | None = None) -> Scorer:
+def start_scorer(folder: Path, metrics: str | None = None, extra: Sequence[str] = ()) -> Scorer:
     config = folder / "semhealth.yaml"
     config.write_text(CONFIG, "utf-8")
     target = f"127.0.0.1:{free_port()}"
@@ -70,7 +76,11 @@ def start_scorer(folder: Path, metrics: str | None = None) -> Scorer:
     command = [sys.executable, "-m", "semhealth.agent.cli", "scorer"]
     with log.open("wb") as stderr:
         process = subprocess.Popen(
-            [*command, "--listen", target, "--metrics-listen", metrics, "--config", str(config)],
+            [
+                *command,
+                *("--listen", target, "--metrics-listen", metrics, "--config", str(config)),
+                *extra,
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
@@ -264,3 +274,124 @@ def test_metrics_off_serves_grpc_alone(tmp_path: Path) -> None:
     finally:
         stop(scorer)
     assert "metrics on" not in scorer.stderr()
+
+
+def test_cache_entries_bounds_the_scorers_cache(serving: Serving) -> None:
+    """With cache_entries: 1, a text asked for again after another goes to the model again."""
+    encoder = frozenset({"encoder": ENCODER}.items())
+    batch_sum = ("semhealth_scorer_batch_texts_sum", encoder)
+    texts = ["cache probe: first text", "cache probe: second text"]
+
+    async def calls() -> None:
+        remote = RemoteScorerBackend(serving.scorer.target, ENCODER, timeout_s=10.0)
+        try:
+            for text in (texts[0], texts[1], texts[0], texts[0]):
+                await remote.embed([text])
+        finally:
+            await remote.aclose()
+
+    before = scrape(serving.scorer)
+    assert before is not None
+    asyncio.run(calls())
+    after = scrape(serving.scorer)
+    assert after is not None
+    # first, second, first again (evicted by second); the last one is the cached vector.
+    assert after[batch_sum] - before.get(batch_sum, 0.0) == 3
+
+
+# Run first in the scorer's interpreter: grpc_health (the `scorer` extra) cannot be found.
+HIDE_SCORER_EXTRA = """
+import sys
+
+class _HideScorerExtra:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "grpc_health":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _HideScorerExtra())
+"""
+
+
+def test_without_the_scorer_extra_it_says_what_to_install(tmp_path: Path) -> None:
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(CONFIG, "utf-8")
+    script = (
+        HIDE_SCORER_EXTRA
+        + "from semhealth.agent.cli import main\n"
+        + f"sys.exit(main(['scorer', '--listen', '127.0.0.1:0', '--config', {str(config)!r}]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "no module 'grpc_health'" in lines[0]
+    assert "pip install 'semhealth[scorer]'" in lines[0]
+
+
+def test_tls_and_a_bearer_token_lock_the_port(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    token = "cli-token-4c1d9e"
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n", "utf-8")  # as a Secret's file may end
+    flags = ("--tls-cert-file", pki.server.cert, "--tls-key-file", pki.server.key)
+    scorer = start_scorer(tmp_path, extra=(*flags, "--bearer-token-file", str(token_file)))
+
+    async def calls() -> tuple[int, str]:
+        remote = RemoteScorerBackend(
+            scorer.target, ENCODER, 10.0, credentials=tls_credentials(pki.ca), token=token
+        )
+        anonymous = RemoteScorerBackend(
+            scorer.target, ENCODER, 10.0, credentials=tls_credentials(pki.ca)
+        )
+        try:
+            rows = (await remote.embed(TEXTS[:2])).shape[0]
+            try:
+                await anonymous.embed(TEXTS[:1])
+            except BackendError as exc:
+                return rows, str(exc)
+            raise AssertionError("a call without the token was answered")
+        finally:
+            await remote.aclose()
+            await anonymous.aclose()
+
+    try:
+        deadline = time.monotonic() + START_S
+        while (metrics := scrape(scorer)) is None or metrics.get(
+            ("semhealth_scorer_encoder_up", frozenset({"encoder": ENCODER}.items()))
+        ) != 1:
+            assert scorer.process.poll() is None, scorer.stderr()[-2000:]
+            assert time.monotonic() < deadline, "the scorer did not load its encoder"
+            time.sleep(0.2)
+        rows, refused = asyncio.run(calls())
+        assert rows == 2
+        assert "UNAUTHENTICATED" in refused
+        after = scrape(scorer)
+        assert after is not None
+        unauthenticated = frozenset({"reason": "unauthenticated"}.items())
+        assert after[("semhealth_scorer_refused_requests_total", unauthenticated)] == 1
+        scorer.process.send_signal(signal.SIGTERM)
+        assert scorer.process.wait(STOP_S) == 0
+    finally:
+        stop(scorer)
+    assert token not in scorer.stderr()
+
+
+def test_a_missing_tls_file_stops_start_up_with_its_name(tmp_path: Path) -> None:
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(CONFIG, "utf-8")
+    missing = str(tmp_path / "absent.pem")
+    command = [sys.executable, "-m", "semhealth.agent.cli", "scorer", "--listen", "127.0.0.1:0"]
+    result = subprocess.run(
+        [*command, "--config", str(config), "--tls-cert-file", missing, "--tls-key-file", missing],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"--tls-key-file {missing}: No such file or directory" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -92,12 +92,20 @@ def _structure_issue(path: str, max_values: int, max_depth: int) -> ConfigIssue 
             text = handle.read().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None  # read_file reports these
+    return structure_issue(text, path, max_values=max_values, max_depth=max_depth)
+
+
+def structure_issue(
+    text: str, source: str, *, max_values: int = MAX_VALUES, max_depth: int = MAX_DEPTH
+) -> ConfigIssue | None:
+    """The limit YAML ``text`` passes, if any; for every YAML the agent reads (contracts
+    too), before ``yaml.safe_load`` expands it. Broken YAML is left to the loader."""
     limits = _Limits()
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             problem = _step(limits, event, max_values, max_depth)
             if problem is not None:
-                return _issue(limits, event, problem, path)
+                return _issue(limits, event, problem, source)
     except yaml.YAMLError:
         return None  # read_file reports the syntax error with its mark
     return None

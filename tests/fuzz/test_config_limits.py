@@ -26,7 +26,13 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from semhealth.agent._config_document import dotted
 from semhealth.agent._config_load import load
 from semhealth.agent._config_schema import schema_text
-from semhealth.agent._config_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, read_limited
+from semhealth.agent._config_yaml import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_VALUES,
+    read_limited,
+    structure_issue,
+)
 from semhealth.agent.errors import ConfigIssue
 from tests.fuzz.budget import examples
 
@@ -289,3 +295,10 @@ def test_an_unknown_key_in_every_section_is_named(section: tuple[Any, ...]) -> N
     assert mine, [str(i) for i in issues]
     assert mine[0].path == dotted(section)
     assert mine[0].line is not None and "surely_not_a_setting:" in lines[mine[0].line - 1]
+
+
+def test_the_limits_apply_to_any_yaml_text_given_its_source() -> None:
+    # Contracts and other YAML files can be checked before yaml.safe_load expands them.
+    issue = structure_issue(alias_bomb(), "contract.yaml")
+    assert issue is not None and issue.source == "contract.yaml" and issue.line == 6
+    assert structure_issue("type: object\nproperties: {a: {type: string}}\n", "c.yaml") is None

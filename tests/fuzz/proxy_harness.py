@@ -3,8 +3,10 @@ one long-lived ``semhealth run`` that every case goes through.
 
 Each case (``proxy_cases.make_case``) is sent twice: straight to the raw upstream, and
 through the sidecar to the same upstream (on a second listener, so what the proxy sent it
-is told apart). The two answers are compared as ``Expect`` says; the sidecar must stay up
-and ready, never hang a case, and never write a canary from a body or header to its logs.
+is told apart). The two answers are compared as ``Expect`` says, and so are the requests
+the upstream got each way (method, target, end-to-end headers in order and case, body);
+the sidecar must stay up and ready, never hang a case, and never write a canary from a
+body or header to its logs.
 """
 
 from __future__ import annotations
@@ -36,19 +38,46 @@ _CANARY = re.compile(r"CANARY(\d+)Z")
 # -- the raw upstream ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SeenRequest:
+    """A request as the upstream parsed it: what a proxy must pass on."""
+
+    method: bytes
+    url: bytes
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes  # decoded from its framing
+
+
 @dataclass
 class _Requests:
     """httptools callbacks for one upstream connection: the requests completed so far."""
 
+    parser: httptools.HttpRequestParser | None = None
     url: bytes = b""
-    done: list[bytes] = field(default_factory=list)  # URLs of complete requests
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: list[bytes] = field(default_factory=list)
+    method: bytes = b""
+    done: list[SeenRequest] = field(default_factory=list)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.method:  # trailers come after the head: not the request's headers
+            self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        self.method = self.parser.get_method()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
     def on_message_complete(self) -> None:
-        self.done.append(self.url)
-        self.url = b""
+        self.done.append(
+            SeenRequest(self.method, self.url, tuple(self.headers), b"".join(self.body))
+        )
+        self.url, self.headers, self.body, self.method = b"", [], [], b""
 
 
 @dataclass
@@ -67,6 +96,7 @@ class RawUpstream:
 
     def __init__(self) -> None:
         self.cases: dict[str, Case] = {}
+        self.seen: dict[tuple[str, str], list[SeenRequest]] = {}  # (listener, token) -> requests
         self.stats = {"direct": UpstreamStats(), "behind": UpstreamStats()}
         self._servers: list[asyncio.Server] = []
         self.ports: dict[str, int] = {}
@@ -88,7 +118,7 @@ class RawUpstream:
         self, listener: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         state = _Requests()
-        parser = httptools.HttpRequestParser(state)
+        parser = state.parser = httptools.HttpRequestParser(state)
         stats = self.stats[listener]
         try:
             while True:
@@ -103,9 +133,12 @@ class RawUpstream:
                     match = _TOKEN.search(state.url)
                     stats.parse_errors.append(match.group(1).decode() if match else "?")
                     return
-                for url in state.done:
+                for seen in state.done:
                     stats.requests += 1
-                    if not await self._reply(url, writer):
+                    match = _TOKEN.search(seen.url)
+                    if match:
+                        self.seen.setdefault((listener, match.group(1).decode()), []).append(seen)
+                    if not await self._reply(seen.url, writer):
                         return
                 state.done.clear()
         except (ConnectionError, OSError):
@@ -348,6 +381,47 @@ def compare(case: Case, direct: Received, proxied: Received, upstream_errors: in
     return problems
 
 
+# What the relay leaves out of a request (RFC 9110 §7.6.1, and the framing it redoes) and
+# what it writes itself (Host: the upstream's authority; Transfer-Encoding for a chunked body).
+_REQUEST_DROP = frozenset(
+    {b"host", b"transfer-encoding", b"trailer", b"proxy-authorization"}
+    | {h.encode() for h in HOP_BY_HOP}
+)
+
+
+def compare_requests(direct: list[SeenRequest], proxied: list[SeenRequest]) -> list[str]:
+    """The upstream must get the client's request through the proxy as it gets it direct:
+    method, target, end-to-end headers in order and case, and the body's bytes."""
+    if not direct:
+        return []
+    if not proxied:
+        return ["the request never reached the upstream through the proxy"]
+    problems = []
+    # A pooled connection found closed may be retried, so compare the last of each.
+    for label, a, b in (("first", direct[0], proxied[0]), ("last", direct[-1], proxied[-1])):
+        if (a.method, a.url) != (b.method, b.url):
+            problems.append(
+                f"{label} request line {b.method!r} {b.url!r}, direct {a.method!r} {a.url!r}"
+            )
+        if _end_to_end_request(a) != _end_to_end_request(b):
+            problems.append(
+                f"{label} request headers {_end_to_end_request(b)!r}, direct {_end_to_end_request(a)!r}"
+            )
+        if a.body != b.body:
+            problems.append(f"{label} request body {len(b.body)} bytes, direct {len(a.body)}")
+    return sorted(set(problems))
+
+
+def _end_to_end_request(seen: SeenRequest) -> list[tuple[bytes, bytes]]:
+    named = {
+        token.strip().lower()
+        for name, value in seen.headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    return [(k, v) for k, v in seen.headers if k.lower() not in _REQUEST_DROP | named]
+
+
 def _same(direct: Received, proxied: Received) -> list[str]:
     if direct.timed_out:
         return ["the direct exchange hung: the case itself is wrong"]
@@ -533,11 +607,18 @@ async def run_case(
         new = upstream.stats["behind"].parse_errors[errors_before:]
         mine = sum(1 for token in new if token in (case.token, "?"))
         problems = compare(case, direct, proxied, mine)
+        if case.expect is not Expect.REJECT_OR_RELAY:
+            problems += compare_requests(
+                upstream.seen.pop(("direct", case.token), []),
+                upstream.seen.pop(("behind", case.token), []),
+            )
         if answers is not None and case.expect is Expect.REJECT_OR_RELAY:
             answer = answer_of(case, proxied)
             answers[answer] = answers.get(answer, 0) + 1
     finally:
         del upstream.cases[case.token]
+        for listener in ("direct", "behind"):
+            upstream.seen.pop((listener, case.token), None)
     return Failure(seed, case.describe, problems) if problems else None
 
 

@@ -22,8 +22,10 @@ from tests.fuzz.proxy_cases import Expect, Reply, make_case
 from tests.fuzz.proxy_harness import (
     RawUpstream,
     Received,
+    SeenRequest,
     Sidecar,
     compare,
+    compare_requests,
     end_to_end,
     run_case,
     run_seeds,
@@ -198,3 +200,20 @@ async def test_the_harness_catches_a_relay_that_changes_one_byte() -> None:
     assert caught, "a relay that corrupts answers passed the fuzzer"
     assert all(f"--seed {f.seed} --cases 1" in str(f) for f in caught)
     assert any("body differs" in p or "headers differ" in p for f in caught for p in f.problems)
+
+
+def test_the_request_comparison_allows_only_what_a_proxy_may_change() -> None:
+    direct = SeenRequest(b"POST", b"/fuzz/c1/x", ((b"Host", b"a"), (b"Connection", b"x-hop"),
+                         (b"X-Hop", b"1"), (b"X-Keep", b"v"), (b"Proxy-Authorization", b"k")),
+                         b"body")  # fmt: skip
+    fine = SeenRequest(b"POST", b"/fuzz/c1/x", ((b"Host", b"127.0.0.1:1"), (b"X-Keep", b"v")),
+                       b"body")  # fmt: skip
+    assert compare_requests([direct], [fine]) == []
+    assert compare_requests([direct], [])
+    for changed in (
+        SeenRequest(b"GET", fine.url, fine.headers, fine.body),
+        SeenRequest(fine.method, b"/fuzz/c1/y", fine.headers, fine.body),
+        SeenRequest(fine.method, fine.url, ((b"x-keep", b"v"),), fine.body),
+        SeenRequest(fine.method, fine.url, fine.headers, b"bod"),
+    ):
+        assert compare_requests([direct], [changed]), changed

@@ -431,7 +431,7 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
     assert issues == [
         f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
         " here are: upstream, listen, dataplane, routes, limits, analysis, log, telemetry,"
-        " relevance, alerts)"
+        " relevance, alerts, otlp_receiver)"
     ]
 
 

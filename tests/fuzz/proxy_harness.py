@@ -214,11 +214,16 @@ class _ResponseParser:
         except httptools.HttpParserError:
             received.parse_error = True
 
+    # llhttp parses every message a read holds; once this one is complete, the callbacks
+    # belong to the next response (pipelined), which another parser reads.
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.received.headers.append((name, value))
+        if not self.received.complete:
+            self.received.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         received = self.received
+        if received.complete:
+            return
         status = self.parser.get_status_code()
         end = received.raw.find(b"\r\n\r\n", self.message_start)
         head_end = end + 4 if end >= 0 else len(received.raw)
@@ -563,7 +568,8 @@ class Failure:
 
     def __str__(self) -> str:
         rerun = f"rerun: python bench/fuzz_proxy.py --seed {self.seed} --cases 1"
-        return f"{self.describe}\n  " + "\n  ".join(self.problems) + f"\n  {rerun}"
+        shown = [p if len(p) <= 400 else p[:400] + "..." for p in self.problems]
+        return f"{self.describe}\n  " + "\n  ".join(shown) + f"\n  {rerun}"
 
 
 @dataclass

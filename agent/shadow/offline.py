@@ -107,37 +107,45 @@ class Candidate:
     timeout_s: float = 300.0
 
 
-def candidate_body(recorded: RecordedExchange, rewrite_model: str | None) -> bytes | None:
-    body = recorded.request_body
-    if rewrite_model is None or body is None:
+def rewrite_model(body: bytes | None, model: str | None) -> bytes | None:
+    """``body`` with its JSON ``model`` replaced by ``model``; any other body as it was."""
+    if model is None or body is None:
         return body
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
         return body
     if isinstance(document, dict) and "model" in document:
-        document["model"] = rewrite_model
+        document["model"] = model
         return orjson.dumps(document)
     return body
 
 
-async def ask_candidate(
+def candidate_body(recorded: RecordedExchange, rewrite: str | None) -> bytes | None:
+    return rewrite_model(recorded.request_body, rewrite)
+
+
+async def send_request(
     session: aiohttp.ClientSession,
-    candidate: Candidate,
-    recorded: RecordedExchange,
+    base_url: str,
+    headers: Mapping[str, str],
+    method: str,
+    path: str,
+    body: bytes | None,
     collectors: CollectorsConfig,
 ) -> StreamRecord:
-    """The candidate's answer to ``recorded``'s request, analysed as the tap analyses one;
-    a failed connection is a 502 record, as the proxy would have answered."""
-    body = candidate_body(recorded, candidate.rewrite_model)
-    headers = {"Content-Type": "application/json", **candidate.headers}
+    """The answer of the upstream at ``base_url`` to one request, analysed as the tap
+    analyses one (timed as it arrives, the same StreamCollector); a failed connection is a
+    502 record, as the proxy would have answered. Offline ``diff`` and live shadowing both
+    send through here."""
+    sent = {"Content-Type": "application/json", **headers}
     start = time.monotonic_ns()
-    url = urljoin(candidate.url.rstrip("/") + "/", recorded.path.lstrip("/"))
+    url = urljoin(base_url.rstrip("/") + "/", path.lstrip("/"))
     try:
-        async with session.request(recorded.method, url, data=body, headers=headers) as response:
+        async with session.request(method, url, data=body, headers=sent) as response:
             exchange = Exchange(
-                method=recorded.method,
-                path=recorded.path,
+                method=method,
+                path=path,
                 start_ns=start,
                 status=response.status,
                 content_type=response.headers.get("Content-Type"),
@@ -151,8 +159,8 @@ async def ask_candidate(
             return collector.finish(time.monotonic_ns())
     except (aiohttp.ClientError, TimeoutError) as exc:
         failed = Exchange(
-            method=recorded.method,
-            path=recorded.path,
+            method=method,
+            path=path,
             start_ns=start,
             status=502,
             content_type=None,
@@ -162,6 +170,19 @@ async def ask_candidate(
         )
         kind = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_unreachable"
         return StreamCollector(failed, collectors).finish(time.monotonic_ns(), error_type=kind)
+
+
+async def ask_candidate(
+    session: aiohttp.ClientSession,
+    candidate: Candidate,
+    recorded: RecordedExchange,
+    collectors: CollectorsConfig,
+) -> StreamRecord:
+    """The candidate's answer to ``recorded``'s request, analysed as the tap analyses one."""
+    body = candidate_body(recorded, candidate.rewrite_model)
+    return await send_request(
+        session, candidate.url, candidate.headers, recorded.method, recorded.path, body, collectors
+    )
 
 
 # --------------------------------------------------------------------------- the comparison

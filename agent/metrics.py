@@ -55,9 +55,17 @@ RESPONSE_MODEL = "gen_ai.response.model"
 TOKEN_TYPE = "gen_ai.token.type"
 ERROR = "error.type"
 SOURCE = "source"  # proxy | otlp: which tap built the record
+# primary | shadow while live shadowing runs (RecorderSettings.variant); else absent.
+VARIANT = "variant"
 
-_SEMANTIC = (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, SOURCE)
-_GEN_AI = (OPERATION, GEN_AI_PROVIDER, REQUEST_MODEL, RESPONSE_MODEL, ROUTE, PROMPT_CLASS, SOURCE)
+_SEMANTIC = (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, SOURCE, VARIANT)
+_GEN_AI = (
+    OPERATION, GEN_AI_PROVIDER, REQUEST_MODEL, RESPONSE_MODEL, ROUTE, PROMPT_CLASS, SOURCE, VARIANT
+)  # fmt: skip
+# Live shadowing's pair measures: a first divergence is a token position.
+_FIRST_DIVERGENCE = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+# Most pairs of a good candidate sit near 0 (identical or one word apart).
+_TOKEN_DISTANCE = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +86,8 @@ SPECS = (
          "schema_error.", (*_SEMANTIC, RESULT)),
     Spec("semantic_health_output_failure_reasons", "counter", "",
          "Why structured outputs failed: the JSON Schema keyword that rejected them, or the "
-         "syntax/truncation reason. Never a value from the output.", (ROUTE, RESULT, REASON)),
+         "syntax/truncation reason. Never a value from the output.",
+         (ROUTE, RESULT, REASON, VARIANT)),
     Spec("semantic_health_stream_continuity_index", "histogram", "s",
          "Per-stream population std-dev of the intervals between content deltas.",
          _SEMANTIC, buckets.CONTINUITY_S),
@@ -94,7 +103,17 @@ SPECS = (
          _SEMANTIC, buckets.RELEVANCE),
     Spec("semantic_health_requests", "counter", "",
          "Exchanges relayed, by status class and error type (429s split by X-RateLimit-Source).",
-         (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, STATUS_CLASS, ERROR_TYPE)),
+         (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, STATUS_CLASS, ERROR_TYPE, VARIANT)),
+    # --- live shadowing's pair measures (counters: semhealth.agent.shadow.metrics) ----------
+    Spec("semantic_health_shadow_token_distance", "histogram", "",
+         "Normalised token edit distance (0..1) between the primary's and the candidate's "
+         "answers.", (ROUTE,), _TOKEN_DISTANCE),
+    Spec("semantic_health_shadow_first_divergence_tokens", "histogram", "{token}",
+         "Token position where the candidate's answer first differs from the primary's.",
+         (ROUTE,), _FIRST_DIVERGENCE),
+    Spec("semantic_health_shadow_answer_agreement", "histogram", "",
+         "Semantic agreement (0..1, calibrated) of the candidate's answer with the primary's.",
+         (ROUTE,), buckets.RELEVANCE),
     # --- OpenTelemetry GenAI semantic conventions -------------------------------------------
     Spec("gen_ai.client.operation.duration", "histogram", "s",
          "GenAI operation duration.", (*_GEN_AI, ERROR), buckets.GEN_AI_DURATION_S),

@@ -43,7 +43,7 @@ _OPERATION = {"openai_completions": "text_completion", "tgi": "text_completion"}
 
 
 # The labels every alert signal carries (see semhealth.alerts.signals).
-_ALERT_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS)
+_ALERT_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS, m.VARIANT)
 
 
 class LabelGuard:
@@ -115,6 +115,10 @@ class RollingRatio:
 class RecorderSettings:
     validity_window_s: float = 300.0
     max_label_values: int = 100
+    # Labels every series this recorder writes: ``primary`` and ``shadow`` while live
+    # shadowing runs (the candidate's records have a recorder of their own). None: no label.
+    # Prometheus needs one label set per metric, so both sides carry it or neither does.
+    variant: str | None = None
 
 
 def error_type(record: StreamRecord) -> str:
@@ -148,6 +152,8 @@ class Recorder:
         wall_clock: Callable[[], float] = time.time,
         consume_sample: ConsumeSample | None = None,
     ) -> None:
+        variant = settings.variant
+        self._variant: dict[str, AttributeValue] = {} if variant is None else {m.VARIANT: variant}
         self._c = instruments.counters
         self._h = instruments.histograms
         self._settings = settings
@@ -164,6 +170,7 @@ class Recorder:
             m.PROVIDER: record.provider,
             m.PROMPT_CLASS: record.prompt_class,
             m.SOURCE: record.source,
+            **self._variant,
         }
 
     def _emit(self, signal: str, value: float, labels: Mapping[str, AttributeValue]) -> None:
@@ -194,6 +201,7 @@ class Recorder:
             m.ROUTE: route,
             m.PROMPT_CLASS: record.prompt_class,
             m.SOURCE: record.source,
+            **self._variant,
         }
         failure = error_type(record)
         self._c["semantic_health_requests"].add(
@@ -268,7 +276,8 @@ class Recorder:
     def _count_reasons(self, result: ValidityResult, route: str) -> None:
         reasons = self._c["semantic_health_output_failure_reasons"]
         for reason in result.reasons:
-            reasons.add(1, {m.ROUTE: route, m.RESULT: result.result, m.REASON: reason})
+            attrs = {m.ROUTE: route, m.RESULT: result.result, m.REASON: reason, **self._variant}
+            reasons.add(1, attrs)
 
     def validity_rates(self) -> dict[tuple[str, ...], float]:
         """Current validity rate per (route, model, provider); sets with no outputs are absent."""

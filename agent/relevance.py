@@ -143,6 +143,11 @@ class RelevanceStage:
         self.stats = RelevanceStats()
 
     @property
+    def scorer(self) -> Scorer:
+        """The scorer this stage embeds with (live shadowing scores answer agreement too)."""
+        return self._scorer
+
+    @property
     def in_flight(self) -> int:
         return len(self._tasks)
 

@@ -35,6 +35,10 @@ from semhealth.collectors.record import StreamRecord
 log = logging.getLogger(__name__)
 
 ConsumeRecord = Callable[[StreamRecord], None]
+# Told of each exchange when its stream opens (the response head is in), before any chunk:
+# live shadowing starts the candidate's request here. Runs on the forwarding path in one
+# process, so it must decide in O(1) and never block.
+OnOpen = Callable[[Exchange], None]
 
 
 class Tee(Protocol):
@@ -136,9 +140,11 @@ class Tap:
         observe_analysis: Callable[[float], None] | None = None,
         on_task_failure: Callable[[BaseException], None] | None = None,
         tee: Tee | None = None,
+        on_open: OnOpen | None = None,
     ) -> None:
         self._config = config
         self._tee = tee
+        self._on_open = on_open
         self._consume_record = consume_record
         self._observe_analysis = observe_analysis
         self._on_task_failure = on_task_failure
@@ -156,6 +162,12 @@ class Tap:
 
     def open_stream(self, exchange: Exchange) -> TapStream:
         self.stats.streams_opened += 1
+        if self._on_open is not None:
+            try:
+                self._on_open(exchange)
+            except Exception:
+                self.stats.analysis_errors += 1
+                log.exception("the open-stream hook failed")
         # After shutdown its first offer finds the tap closed and sheds it, counted once.
         return TapStream(self, exchange)
 

@@ -17,6 +17,16 @@ share this process and the same cores, so the figures are a floor for the scorer
 
     python bench/fleet_scorer.py            # about 2 minutes on 2 cores
     python bench/fleet_scorer.py --quick    # about 40 s
+
+``--overload``: the scorer's admission under overload instead. Its capacity first (callers
+always waiting on one call, deadlines far away), then ``--sidecars`` callers each sending
+5-text calls with ``--deadline-s`` deadlines, open loop (whatever comes back), at 1x and 2x
+that capacity for ``--seconds`` each. Reported per phase: goodput (texts answered in the
+window) against capacity, and how calls ended: OK, RESOURCE_EXHAUSTED (shed by the
+scorer), DEADLINE_EXCEEDED, other; then the scorer's own counters (/metrics) and RSS.
+The callers are the sidecars' remote backends (what each sidecar's batcher calls).
+
+    python bench/fleet_scorer.py --overload --sidecars 50 --seconds 20
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from scorer_throughput import Kind, make_texts
 
 from semhealth.embeddings import EmbeddingError, Overloaded, Scorer, open_scorer
 from semhealth.embeddings.config import Config, Encoder, Remote
+from semhealth.embeddings.remote_scorer import RemoteScorerBackend
 
 RECORD_KIND = Kind("record", words=(8, 40), texts=0, sequential=0)
 SCORER_CONFIG = """\
@@ -84,9 +95,12 @@ def process_cpu_ns(pid: int) -> int:
     return total
 
 
-def start_scorer(port: int, config_path: str) -> subprocess.Popen[bytes]:
+def start_scorer(
+    port: int, config_path: str, metrics_port: int | None = None
+) -> subprocess.Popen[bytes]:
+    metrics = f"127.0.0.1:{metrics_port}" if metrics_port else "off"
     command = [sys.executable, "-m", "semhealth.agent.cli", "scorer", "--config", config_path,
-               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+               "--listen", f"127.0.0.1:{port}", "--metrics-listen", metrics]  # fmt: skip
     return subprocess.Popen(command, stderr=subprocess.DEVNULL)
 
 
@@ -233,6 +247,175 @@ async def main(args: argparse.Namespace) -> None:
     report([steady, overload], ceiling, args.sidecars, args.rate, args.in_flight)
 
 
+# -- --overload: admission under 1x and 2x the scorer's capacity -------------------------------
+
+CALL_TEXTS = 5
+
+
+@dataclass(slots=True)
+class Ends:
+    """How one overload phase's calls ended."""
+
+    ok_texts: int = 0  # texts answered inside the window
+    codes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, code: str) -> None:
+        self.codes[code] = self.codes.get(code, 0) + 1
+
+
+def code_of(exc: EmbeddingError) -> str:
+    """The gRPC status a sidecar's remote backend heard, whichever version raised it."""
+    reason = getattr(exc, "reason", None)
+    if reason == "deadline" or "DEADLINE_EXCEEDED" in str(exc):
+        return "DEADLINE_EXCEEDED"
+    if isinstance(exc, Overloaded) or "RESOURCE_EXHAUSTED" in str(exc):
+        return "RESOURCE_EXHAUSTED"
+    return "other"
+
+
+async def overload_call(
+    client: RemoteScorerBackend, texts: list[str], ends: Ends, end: float
+) -> None:
+    try:
+        await client.embed(texts)
+    except EmbeddingError as exc:
+        ends.add(code_of(exc))
+        return
+    ends.add("OK")
+    if time.monotonic() <= end:
+        ends.ok_texts += len(texts)
+
+
+def call_texts(texts: list[str], number: int) -> list[str]:
+    return [
+        f"{number}.{k} {texts[(number * CALL_TEXTS + k) % len(texts)]}" for k in range(CALL_TEXTS)
+    ]
+
+
+async def capacity(port: int, texts: list[str], callers: int, seconds: float) -> float:
+    """Texts/s with ``callers`` always waiting on one call and deadlines far away."""
+    ends = Ends()
+    counter = iter(range(10**9))
+    made = [RemoteScorerBackend(f"127.0.0.1:{port}", "default", 120.0) for _ in range(callers)]
+    start = time.monotonic()
+    end = start + seconds
+
+    async def lane(client: RemoteScorerBackend) -> None:
+        while time.monotonic() < end:
+            await overload_call(client, call_texts(texts, next(counter) + 10**6), ends, end)
+
+    await asyncio.gather(*(lane(client) for client in made))
+    for client in made:
+        await client.aclose()
+    return ends.ok_texts / seconds
+
+
+async def offered(
+    port: int, texts: list[str], callers: int, texts_per_s: float, seconds: float, deadline_s: float
+) -> Ends:
+    """``callers`` send 5-text calls at ``texts_per_s`` in all, whatever comes back."""
+    ends = Ends()
+    made = [RemoteScorerBackend(f"127.0.0.1:{port}", "default", deadline_s) for _ in range(callers)]
+    interval = callers * CALL_TEXTS / texts_per_s
+    start = time.monotonic()
+    end = start + seconds
+    calls: list[asyncio.Task[None]] = []
+    counter = iter(range(10**9))
+
+    async def caller(index: int, client: RemoteScorerBackend) -> None:
+        due = start + interval * index / callers
+        while due < end:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            text = call_texts(texts, next(counter))
+            calls.append(asyncio.create_task(overload_call(client, text, ends, end)))
+            due += interval
+
+    await asyncio.gather(*(caller(index, client) for index, client in enumerate(made)))
+    await asyncio.gather(*calls)
+    for client in made:
+        await client.aclose()
+    return ends
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The scorer's counters (name{labels} -> value), summed over encoders."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(
+                f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "encoder"
+            )
+            key = f"{sample.name}{{{labels}}}"
+            found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def overload_main(args: argparse.Namespace) -> None:
+    texts = make_texts(RECORD_KIND, 4000, seed=21)
+    port, metrics_port = free_port(), free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        handle.write(SCORER_CONFIG)
+    scorer = start_scorer(port, handle.name, metrics_port)
+    try:
+        await wait_scoring(port)
+        rss_ready = rss_mib(scorer.pid)
+        await capacity(port, texts, 8, 5.0)  # warm
+        cap = await capacity(port, texts, args.sidecars, args.seconds / 2)
+        rows = []
+        for factor in (1.0, 2.0):
+            before = scrape(metrics_port)
+            ends = await offered(
+                port, texts, args.sidecars, factor * cap, args.seconds, args.deadline_s
+            )
+            after = scrape(metrics_port)
+            moved = {
+                k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)
+            }
+            rows.append((factor, ends, moved))
+        cap_after = await capacity(port, texts, args.sidecars, args.seconds / 2)
+        rss_end = rss_mib(scorer.pid)
+    finally:
+        scorer.terminate()
+        scorer.wait(30)
+        os.unlink(handle.name)
+    print(f"scorer capacity: {cap:,.0f} texts/s before the overload phases, {cap_after:,.0f} after")
+    print(f"{args.sidecars} callers, 5 texts per call, {args.deadline_s:g} s deadlines, "
+          f"{args.seconds:g} s per phase (machine shared: figures move with its load)")  # fmt: skip
+    print()
+    print(
+        "| offered | goodput texts/s | x capacity | OK | RESOURCE_EXHAUSTED "
+        "| DEADLINE_EXCEEDED | other |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for factor, ends, _ in rows:
+        goodput = ends.ok_texts / args.seconds
+        codes = ends.codes
+        print(
+            f"| {factor:g}x ({factor * cap:,.0f} texts/s) | {goodput:,.0f} | {goodput / cap:.2f} | "
+            f"{codes.get('OK', 0):,} | {codes.get('RESOURCE_EXHAUSTED', 0):,} | "
+            f"{codes.get('DEADLINE_EXCEEDED', 0):,} | {codes.get('other', 0):,} |"
+        )
+    print()
+    for factor, _, moved in rows:
+        shown = {k: int(v) for k, v in sorted(moved.items())
+                 if ("_total" in k or k.endswith("_count{}")) and "bucket" not in k}  # fmt: skip
+        print(f"scorer counters at {factor:g}x: {shown}")
+    print(f"scorer RSS: {rss_ready:,.0f} MiB at ready, {rss_end:,.0f} MiB at the end")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer records (~40 s)")
@@ -243,8 +426,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--in-flight", type=int, default=8, help="records at once per sidecar in overload (8)"
     )
+    parser.add_argument(
+        "--overload", action="store_true", help="admission at 1x and 2x capacity instead"
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="per --overload phase (20)")
+    parser.add_argument("--deadline-s", type=float, default=5.0, help="--overload deadlines (5)")
     return parser.parse_args()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    arguments = parse_args()
+    asyncio.run(overload_main(arguments) if arguments.overload else main(arguments))

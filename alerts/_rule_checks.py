@@ -63,7 +63,11 @@ def _rule(
     threshold: float | Thresholds,
     durations: Mapping[str, float],
 ) -> Rule:
-    baseline = Baseline(window_s=durations["baseline"]) if "baseline" in durations else None
+    baseline = None
+    if "baseline" in durations:
+        baseline = Baseline(window_s=durations["baseline"])
+    elif entry.get("baseline", {}).get("peer"):
+        baseline = Baseline(peer=dict(entry["baseline"]["peer"]))
     return Rule(
         name=entry["name"],
         signal=signal.name,
@@ -131,14 +135,36 @@ def _signal_labels(entry: Mapping[str, Any], signal: Signal) -> list[Finding]:
         (("group_by", i), v) for i, v in enumerate(entry.get("group_by", []))
     ]
     used += [(("match", key), key) for key in entry.get("match", {})]
+    peer = entry.get("baseline", {}).get("peer", {})
+    used += [(("baseline", "peer", key), key) for key in peer]
     threshold = entry.get("threshold")
     if isinstance(threshold, dict) and "by" in threshold:
         used.append((("threshold", "by"), threshold["by"]))
-    return [
+    findings = [
         Finding(where, f"{signal.name} has no label {show(label)}", one_of(label, signal.labels))
         for where, label in used
         if label not in signal.labels
     ]
+    match = entry.get("match", {})
+    if peer and "window" in entry.get("baseline", {}):
+        findings.append(
+            Finding(
+                ("baseline",),
+                "a baseline is the time before (window) or another variant (peer), not both",
+                "keep window: for a change over time, or peer: to compare with a variant",
+            )
+        )
+    elif peer and all(match.get(key) == value for key, value in peer.items()):
+        findings.append(
+            Finding(
+                ("baseline", "peer"),
+                "the peer picks the rule's own samples, so the rule would compare them with "
+                "themselves",
+                "give the peer a label value the match does not have, e.g. match "
+                "{variant: canary} with peer {variant: stable}",
+            )
+        )
+    return findings
 
 
 def _group_labels(entry: Mapping[str, Any]) -> tuple[str, ...]:

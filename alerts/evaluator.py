@@ -24,9 +24,10 @@ Alertmanager resolves it by itself if we stop; a resolved one with ``ends_at = r
 Each group keeps its samples in a ``Window`` of 30 slots over the rule's window, so the window's
 edges move in steps of window/30, and a relative rule's group keeps a second one of 30 coarser
 slots over the baseline, which ends where the window's first slot begins, give or take one
-coarse slot. Memory per group is bounded by those slots, whatever the traffic. Quantiles come
-from sketches within 1 % relative error (0.2 % for relative rules, whose value divides two of
-them); means and ratios are exact.
+coarse slot; a peer-relative rule's group keeps its peer's samples in a second window shaped
+as its own, over the same span. Memory per group is bounded by those slots, whatever the
+traffic. Quantiles come from sketches within 1 % relative error (0.2 % for relative rules,
+whose value divides two of them); means and ratios are exact.
 
 Too few samples (fewer than ``min_samples``; for a relative rule, in either window) counts as
 "condition false". An alert's ``value`` and annotations follow each evaluation while it is
@@ -123,6 +124,7 @@ class RuleStatus:
     group_by: tuple[str, ...]
     match: dict[str, str]
     baseline_window_s: float | None
+    baseline_peer: dict[str, str]  # a peer baseline's labels; {} for none or a time baseline
     labels: dict[str, str]
     description: str
     groups: tuple[GroupStatus, ...]
@@ -169,6 +171,7 @@ class _Group:
         "labels",
         "last_sample_t",
         "measured",
+        "peer_baseline",
         "window",
     )
 
@@ -178,22 +181,29 @@ class _Group:
         alert_labels: dict[str, str],
         window: Window,
         baseline: Window | None,
+        peer_baseline: bool = False,
     ) -> None:
         self.labels = labels
         self.alert_labels = alert_labels
         self.window = window
         self.baseline = baseline
+        self.peer_baseline = peer_baseline
         self.last_sample_t = -math.inf
         self.alert: _Active | None = None
         # The last evaluation's time and measure: a snapshot at that time reuses it rather
         # than merging every slot again (the merge is most of an evaluation's cost).
         self.measured: tuple[float, _Measure] | None = None
 
-    def add(self, value: float, t: float) -> bool:
-        """Count the sample in the group's windows; False when all refuse it as too old."""
-        added = self.window.add(value, t)
-        if self.baseline is not None:
-            added = self.baseline.add(value, t) or added
+    def add(self, value: float, t: float, *, peer: bool = False) -> bool:
+        """Count the sample in the group's windows (a peer's sample: in its baseline only);
+        False when all refuse it as too old."""
+        if peer:
+            assert self.baseline is not None
+            added = self.baseline.add(value, t)
+        else:
+            added = self.window.add(value, t)
+            if self.baseline is not None and not self.peer_baseline:
+                added = self.baseline.add(value, t) or added
         if added:
             self.last_sample_t = max(self.last_sample_t, t)
             self.measured = None  # a snapshot must see this sample
@@ -201,7 +211,11 @@ class _Group:
 
     def prune(self, now: float, rule: Rule, baseline_slot_s: float) -> None:
         self.window.prune(now - rule.window_s)
-        if self.baseline is not None and rule.baseline is not None:
+        if self.baseline is None or rule.baseline is None:
+            return
+        if self.peer_baseline or rule.baseline.window_s is None:
+            self.baseline.prune(now - rule.window_s)
+        else:
             self.baseline.prune(now - rule.window_s - rule.baseline.window_s - baseline_slot_s)
 
 
@@ -216,6 +230,7 @@ class _RuleState:
         "groups",
         "match",
         "max_buckets",
+        "peer_match",
         "quantiles",
         "rule",
         "slot_s",
@@ -225,9 +240,14 @@ class _RuleState:
     def __init__(self, rule: Rule, *, alpha: float, relative_alpha: float, max_buckets: int):
         if not rule.window_s > 0 or not math.isfinite(rule.window_s):
             raise ValueError(f"rule {rule.name}: window must be positive, got {rule.window_s}")
-        baseline_s = rule.baseline.window_s if rule.baseline is not None else 0.0
-        if rule.baseline is not None and (not baseline_s > 0 or not math.isfinite(baseline_s)):
-            raise ValueError(f"rule {rule.name}: baseline window must be positive")
+        peer = rule.baseline is not None and rule.baseline.is_peer
+        baseline_s = 0.0
+        if rule.baseline is not None and not peer:
+            baseline_s = rule.baseline.window_s or 0.0
+            if not baseline_s > 0 or not math.isfinite(baseline_s):
+                raise ValueError(f"rule {rule.name}: baseline window must be positive")
+        if peer and rule.peer_match == dict(rule.match):
+            raise ValueError(f"rule {rule.name}: a peer baseline must differ from the match")
         self.rule = rule
         self.slot_s = max(rule.window_s / SLOTS_PER_WINDOW, MIN_SLOT_S)
         self.baseline_slot_s = max(baseline_s / SLOTS_PER_WINDOW, MIN_SLOT_S)
@@ -242,6 +262,8 @@ class _RuleState:
         self.max_buckets = math.ceil(max_buckets * alpha / self.alpha)
         self.group_labels = rule.group_labels
         self.match = tuple(rule.match.items())
+        # A peer-relative rule's baseline samples: the match with the peer's values over it.
+        self.peer_match = tuple(rule.peer_match.items()) if peer else ()
         self.groups: dict[tuple[str, ...], _Group] = {}
 
     def window_shape(self) -> tuple[object, ...]:
@@ -250,6 +272,7 @@ class _RuleState:
         return (
             rule.signal,
             self.match,
+            self.peer_match,
             self.group_labels,
             self.slot_s,
             self.baseline_slot_s,
@@ -268,14 +291,24 @@ class _RuleState:
             self.groups[key] = group
 
     def accepts(self, labels: Mapping[str, str]) -> bool:
-        for name, value in self.match:
-            if labels.get(name) != value:
-                return False
+        return self.side(labels) is not None
+
+    def side(self, labels: Mapping[str, str]) -> bool | None:
+        """None when the rule takes no part in a sample with ``labels``; else whether it is
+        a peer's (baseline) sample."""
+        if _matches(labels, self.match):
+            peer = False
+        elif self.peer_match and _matches(labels, self.peer_match):
+            peer = True
+        else:
+            return None
         threshold = self.rule.threshold
         # A per-label threshold without a value for this group: the rule ignores the group.
-        return not isinstance(threshold, Thresholds) or (
-            threshold.for_value(labels.get(threshold.label)) is not None
-        )
+        if isinstance(threshold, Thresholds) and (
+            threshold.for_value(labels.get(threshold.label)) is None
+        ):
+            return None
+        return peer
 
     def new_group(self, key: tuple[str, ...]) -> _Group:
         labels = dict(zip(self.group_labels, key, strict=True))
@@ -285,9 +318,11 @@ class _RuleState:
         alert_labels["alertname"] = self.rule.name
         window = self._window(self.slot_s, self.rule.window_s)
         baseline = None
-        if self.rule.baseline is not None:
+        if self.peer_match:
+            baseline = self._window(self.slot_s, self.rule.window_s)
+        elif self.rule.baseline is not None:
             baseline = self._window(self.baseline_slot_s, self.span_s)
-        return _Group(labels, alert_labels, window, baseline)
+        return _Group(labels, alert_labels, window, baseline, peer_baseline=bool(self.peer_match))
 
     def _window(self, slot_s: float, span_s: float) -> Window:
         return Window(
@@ -305,16 +340,28 @@ class _RuleState:
         value = _aggregate(current, rule.aggregation) if current.count >= rule.min_samples else None
         if rule.baseline is None or group.baseline is None:
             return _Measure(value, current.count)
+        if group.peer_baseline:
+            past = group.baseline.summary(now - rule.window_s, now)
+            return _relative(rule, value, current.count, past)
         # The baseline's coarse slots end at or before the first slot of the window, so no
         # sample counts in both; the gap between them is under one coarse slot.
         begins = window.first_slot_from(now - rule.window_s) * window.slot_s
         stop = group.baseline.slot_of(begins)
         past = group.baseline.summary_of_slots(stop - self.baseline_slots, stop)
-        baseline = _aggregate(past, rule.aggregation) if past.count >= rule.min_samples else None
-        relative = None
-        if value is not None and baseline is not None and baseline != 0:
-            relative = value / baseline - 1.0
-        return _Measure(relative, current.count, baseline, past.count)
+        return _relative(rule, value, current.count, past)
+
+
+def _relative(rule: Rule, value: float | None, count: int, past: Sketch) -> _Measure:
+    """The window's value against the baseline's, each with enough samples."""
+    baseline = _aggregate(past, rule.aggregation) if past.count >= rule.min_samples else None
+    relative = None
+    if value is not None and baseline is not None and baseline != 0:
+        relative = value / baseline - 1.0
+    return _Measure(relative, count, baseline, past.count)
+
+
+def _matches(labels: Mapping[str, str], wanted: tuple[tuple[str, str], ...]) -> bool:
+    return all(labels.get(name) == value for name, value in wanted)
 
 
 def _no_pause() -> None:
@@ -449,15 +496,16 @@ class Evaluator:
         matched = False
         for state in self._by_signal.get(sample.name, ()):
             try:
-                if state.accepts(sample.labels):
+                peer = state.side(sample.labels)
+                if peer is not None:
                     matched = True
-                    self._add(state, sample)
+                    self._add(state, sample, peer)
             except Exception:  # a bug in one rule; the sample still reaches the others
                 self._rule_failures += 1
         if not matched:
             self._unmatched += 1
 
-    def _add(self, state: _RuleState, sample: Sample) -> None:
+    def _add(self, state: _RuleState, sample: Sample, peer: bool) -> None:
         labels = sample.labels
         key = tuple([labels.get(name, "") for name in state.group_labels])
         group = state.groups.get(key)
@@ -467,7 +515,7 @@ class Evaluator:
                 return
             group = state.new_group(key)
             state.groups[key] = group
-        if not group.add(sample.value, sample.t):
+        if not group.add(sample.value, sample.t, peer=peer):
             self._late += 1
 
     def evaluate(self, now: float) -> None:
@@ -591,6 +639,7 @@ class Evaluator:
             group_by=rule.group_by,
             match=dict(rule.match),
             baseline_window_s=rule.baseline.window_s if rule.baseline is not None else None,
+            baseline_peer=dict(rule.baseline.peer) if rule.baseline is not None else {},
             labels=dict(rule.labels),
             description=rule.description,
             groups=groups,

@@ -4,8 +4,10 @@ A ``Rule`` is the single definition both evaluators use: the agent's evaluator
 over its in-memory windows, and the Prometheus export over the exported series.
 Durations are seconds; thresholds are in the signal's base unit (seconds, or a
 0..1 score or ratio). A relative rule (``baseline`` set) compares the window's
-value with the same group's value over the baseline window just before it, and
-its threshold is a relative change: ``-0.05`` means "5 % below the baseline".
+value with a baseline, and its threshold is a relative change: ``-0.05`` means
+"5 % below the baseline". The baseline is the same group over a window just
+before the rule's own, or, over the same window, a peer: the same group's samples
+with other label values (the stable variant, for a rule on the canary).
 """
 
 from __future__ import annotations
@@ -35,10 +37,16 @@ def compare(value: float, op: Comparison, threshold: float) -> bool:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Baseline:
-    """The window a relative rule compares against: ``window_s`` long, ending where the
-    rule's own window begins."""
+    """What a relative rule compares against: the same group over ``window_s`` ending where
+    the rule's own window begins, or (``peer``) over the rule's own window, the samples
+    whose labels match the rule's ``match`` with ``peer``'s values instead. One of the two."""
 
-    window_s: float
+    window_s: float | None = None
+    peer: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_peer(self) -> bool:
+        return bool(self.peer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +91,12 @@ class Rule:
         if isinstance(self.threshold, Thresholds) and self.threshold.label not in self.group_by:
             return (*self.group_by, self.threshold.label)
         return self.group_by
+
+    @property
+    def peer_match(self) -> dict[str, str]:
+        """The labels a peer baseline's samples have: the rule's match, peer values over it."""
+        peer = self.baseline.peer if self.baseline is not None else {}
+        return {**self.match, **peer}
 
     def threshold_for(self, group: Mapping[str, str]) -> float | None:
         if isinstance(self.threshold, Thresholds):

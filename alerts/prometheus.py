@@ -19,7 +19,8 @@ exactly the labels of the same alert from the agent.
 so either way) where the agent's windows count exactly. N = 1 needs no guard: a window with
 no samples gives NaN (0 / 0), and NaN compares false. A relative rule compares
 ``(current / baseline - 1)``, the baseline being the same aggregation over
-``[<baseline window>] offset <window>``, and requires N samples in both windows.
+``[<baseline window>] offset <window>`` (or, for a peer baseline, over the same window with
+the peer's matchers), and requires N samples in both.
 
 A threshold per label value becomes one Prometheus rule per value (same ``alert``) with
 the label's matcher added (and the value as a static label, which leaves the alert's labels
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -149,18 +150,22 @@ def _guard(rule: Rule, query: _Query, window: tuple[float, float]) -> str:
     return f"and on {_by(query.groups)} ({count} >= {rule.min_samples})"
 
 
-def _expression(rule: Rule, query: _Query, threshold: float) -> str:
+def _expression(rule: Rule, query: _Query, threshold: float, peer: _Query | None) -> str:
     current = (rule.window_s, 0.0)
-    windows = [current]
+    measured = [(query, current)]
     value, single = _value(rule, query, current)
     if rule.baseline is not None:
-        baseline_window = (rule.baseline.window_s, rule.window_s)
-        windows.append(baseline_window)
-        baseline, baseline_single = _value(rule, query, baseline_window)
+        if peer is not None:
+            baseline_of = (peer, current)
+        else:
+            assert rule.baseline.window_s is not None
+            baseline_of = (query, (rule.baseline.window_s, rule.window_s))
+        measured.append(baseline_of)
+        baseline, baseline_single = _value(rule, *baseline_of)
         value = f"({_wrap(value, single)} / {_wrap(baseline, baseline_single)} - 1)"
     lines = [f"{value} {rule.op} {_number(threshold)}"]
     if rule.min_samples > 1:
-        lines.extend(_guard(rule, query, window) for window in windows)
+        lines.extend(_guard(rule, q, window) for q, window in measured)
     return "\n".join(lines)
 
 
@@ -189,8 +194,12 @@ def _threshold_variants(thresholds: Thresholds, matched: str | None) -> list[_Va
     return out
 
 
-def _query(rule: Rule, signal: Signal, extra: Sequence[_Matcher]) -> _Query:
-    rule_matchers = [_Matcher(label, "=", value) for label, value in rule.match.items()]
+def _query(
+    rule: Rule, signal: Signal, extra: Sequence[_Matcher], match: Mapping[str, str] | None = None
+) -> _Query:
+    """The series of the rule's samples (of a peer baseline's, given its ``match``)."""
+    chosen = rule.match if match is None else match
+    rule_matchers = [_Matcher(label, "=", value) for label, value in chosen.items()]
     matchers = tuple(  # dict.fromkeys: a matcher given twice is written once
         dict.fromkeys(
             _Matcher(signal.prometheus_labels.get(m.label, m.label), m.op, m.value)
@@ -233,7 +242,13 @@ def _issues(index: int, rule: Rule) -> list[RuleIssue]:
 
 def _label_issues(path: str, rule: Rule, signal: Signal) -> list[RuleIssue]:
     threshold = [rule.threshold.label] if isinstance(rule.threshold, Thresholds) else []
-    used = (("group_by", rule.group_by), ("match", tuple(rule.match)), ("threshold", threshold))
+    peer = tuple(rule.baseline.peer) if rule.baseline is not None else ()
+    used = (
+        ("group_by", rule.group_by),
+        ("match", tuple(rule.match)),
+        ("threshold", threshold),
+        ("baseline.peer", peer),
+    )
     fix = f"use labels from {', '.join(signal.labels)}"
     return [
         RuleIssue(f"{path}.{key}", f"{rule.signal} has no label {label!r}", fix)
@@ -244,10 +259,14 @@ def _label_issues(path: str, rule: Rule, signal: Signal) -> list[RuleIssue]:
 
 
 def _alerting_rules(rule: Rule, signal: Signal) -> list[dict[str, Any]]:
-    return [
-        _alerting_rule(rule, _expression(rule, _query(rule, signal, extra), threshold), extra)
-        for threshold, extra in _variants(rule)
-    ]
+    out = []
+    for threshold, extra in _variants(rule):
+        peer = None
+        if rule.baseline is not None and rule.baseline.is_peer:
+            peer = _query(rule, signal, extra, rule.peer_match)
+        expr = _expression(rule, _query(rule, signal, extra), threshold, peer)
+        out.append(_alerting_rule(rule, expr, extra))
+    return out
 
 
 def rule_groups(

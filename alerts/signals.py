@@ -19,17 +19,20 @@ from typing import Literal
 Kind = Literal["distribution", "ratio"]
 Unit = Literal["", "s"]
 
+# ``variant`` tells a canary's series from the stable ones' (and a shadow's from the primary's).
 _SEMANTIC_LABELS = {
     "route": "route",
     "model": "model",
     "provider": "provider",
     "prompt_class": "prompt_class",
+    "variant": "variant",
 }
 _GEN_AI_LABELS = {
     "route": "route",
     "model": "gen_ai_response_model",
     "provider": "gen_ai_provider_name",
     "prompt_class": "prompt_class",
+    "variant": "variant",
 }
 
 

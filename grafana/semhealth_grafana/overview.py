@@ -43,6 +43,78 @@ def _validity(window: str, by: str = "") -> str:
     )
 
 
+def _canary(board: dash.Dashboard) -> dash.Dashboard:
+    """Each variant's signals side by side: what CanaryRelevanceDrop, CanaryValidityDrop and
+    CanaryAnswerRelevanceDrop compare, and what a rollout controller's analysis reads."""
+    relevance = alert("CanaryRelevanceDrop")
+    validity = alert("CanaryValidityDrop")
+    answers = alert("CanaryAnswerRelevanceDrop")
+    return (
+        board.with_row(row("Canary against stable (series with a variant label)"))
+        .with_panel(
+            series(
+                "Context relevance P50 by variant",
+                "Each variant's median context relevance over the canary rules' window; "
+                "CanaryRelevanceDrop fires when the canary's is more than 5 % below the "
+                "stable variant's on a route.",
+                [
+                    (
+                        _quantile(
+                            0.5,
+                            "semantic_health_context_relevance_score",
+                            relevance.window,
+                            by="route, variant",
+                        ),
+                        "{{route}} {{variant}}",
+                    )
+                ],
+                unit="none",
+                thresholds=steps((None, GREEN)),
+                links=[runbook(relevance)],
+                width=8,
+                min_value=0,
+                max_value=1,
+            )
+        )
+        .with_panel(
+            series(
+                "Structured-output validity by variant",
+                "Each variant's share of valid structured outputs; CanaryValidityDrop fires "
+                "when the canary's is more than 5 % below the stable variant's.",
+                [(_validity(validity.window, by="route, variant"), "{{route}} {{variant}}")],
+                unit="percentunit",
+                thresholds=steps((None, GREEN)),
+                links=[runbook(validity)],
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "Answer relevance P50 by variant",
+                "Each variant's median answer relevance; CanaryAnswerRelevanceDrop fires when "
+                "the canary's is more than 5 % below the stable variant's.",
+                [
+                    (
+                        _quantile(
+                            0.5,
+                            "semantic_health_answer_relevance_score",
+                            answers.window,
+                            by="route, variant",
+                        ),
+                        "{{route}} {{variant}}",
+                    )
+                ],
+                unit="none",
+                thresholds=steps((None, GREEN)),
+                links=[runbook(answers)],
+                width=8,
+                min_value=0,
+                max_value=1,
+            )
+        )
+    )
+
+
 def build() -> dash.Dashboard:
     relevance = alert("ContextRelevanceLow")
     validity = alert("OutputValidityLow")
@@ -267,6 +339,7 @@ def build() -> dash.Dashboard:
         )
     )
 
+    board = _canary(board)
     names = "|".join(sorted(ALERTS))
     return (
         board.with_row(row("Alerts"))

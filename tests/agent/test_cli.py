@@ -206,7 +206,7 @@ async def test_sighup_reloads_the_alert_rules_and_a_bad_file_keeps_the_running_o
         config.write_text(head + "alerts:\n  rules:\n    - {name: StreamChoppy, threshold: x}\n")
         process.send_signal(signal.SIGHUP)
         await asyncio.sleep(1.0)  # a bad reload changes nothing, so there is nothing to wait on
-        assert len(await _rule_names(admin)) == 6
+        assert len(await _rule_names(admin)) == 9
         process.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(process.communicate(), 15)
         assert process.returncode == 0

@@ -410,6 +410,73 @@ def test_relative_rule_baseline_slides_with_the_clock() -> None:
     assert group.baseline == pytest.approx(0.7, rel=0.003)
 
 
+CANARY = Rule(
+    name="CanaryRelevanceDrop",
+    signal="context_relevance_score",
+    aggregation="p50",
+    window_s=600.0,
+    op="<",
+    threshold=-0.05,
+    min_samples=20,
+    group_by=("route",),
+    match={"variant": "canary"},
+    baseline=Baseline(peer={"variant": "stable"}),
+    labels={"action": "rollback"},
+)
+
+
+def canary(stable: float, candidate: float, *, canary_count: int = 40) -> Clock:
+    clock = Clock(CANARY)
+    clock.feed(stable, t=900.0, count=40, variant="stable")
+    clock.feed(candidate, t=950.0, count=canary_count, variant="canary")
+    clock.at(1000.0)
+    return clock
+
+
+def test_canary_ten_percent_below_the_stable_variant_fires_with_rollback() -> None:
+    clock = canary(0.85, 0.765)
+    alert = clock.outbox.last
+    assert (alert.state, alert.labels["action"], alert.labels["route"]) == (
+        "firing",
+        "rollback",
+        "chat",
+    )
+    assert "variant" not in alert.labels  # one alert per route, over both variants
+    assert alert.value == pytest.approx(-0.10, abs=0.003)
+
+
+def test_canary_two_percent_below_the_stable_variant_stays_quiet() -> None:
+    clock = canary(0.85, 0.833)
+    assert clock.outbox.calls == []
+    assert clock.group().value == pytest.approx(-0.02, abs=0.003)
+
+
+def test_canary_with_too_few_samples_is_not_judged() -> None:
+    clock = canary(0.85, 0.5, canary_count=19)
+    assert clock.outbox.calls == []
+    assert clock.group().value is None
+
+
+def test_peer_samples_count_only_in_the_baseline_and_others_not_at_all() -> None:
+    clock = Clock(CANARY)
+    clock.feed(0.8, t=900.0, count=30, variant="stable")
+    clock.feed(0.8, t=900.0, count=25, variant="canary")
+    clock.feed(0.1, t=900.0, count=50, variant="shadow")  # neither side
+    clock.at(1000.0)
+    group = clock.group()
+    assert (group.samples, group.baseline_samples) == (25, 30)
+    assert clock.evaluator.stats.samples_unmatched == 50
+
+
+def test_peer_baseline_covers_the_same_window_as_the_rule() -> None:
+    clock = Clock(CANARY)
+    clock.feed(0.85, t=100.0, count=40, variant="stable")  # leaves the window by 1000
+    clock.feed(0.7, t=950.0, count=40, variant="canary")
+    clock.at(1000.0)
+    assert clock.group().baseline_samples == 0
+    assert clock.outbox.calls == []
+
+
 def test_relative_rule_with_a_zero_baseline_has_no_value() -> None:
     clock = Clock(replace(REGRESSION, aggregation="mean"))
     clock.feed(0.0, t=1000.0, count=40)

@@ -140,6 +140,30 @@ def test_relative_rule_divides_by_the_same_aggregation_over_the_window_before() 
     )
 
 
+def test_peer_relative_rule_divides_by_the_peer_over_the_same_window() -> None:
+    rule = _rule(
+        threshold=-0.05,
+        group_by=("route",),
+        min_samples=20,
+        match={"variant": "canary"},
+        baseline=Baseline(peer={"variant": "stable"}),
+    )
+
+    def p50(variant: str) -> str:
+        return RELEVANCE_P50.replace("_bucket[5m]", f'_bucket{{variant="{variant}"}}[5m]')
+
+    def count(variant: str) -> str:
+        metric = f'semantic_health_context_relevance_score_count{{variant="{variant}"}}'
+        return f"sum by (route) (increase({metric}[5m]))"
+
+    assert _expr(rule) == (
+        f"({p50('canary')} / {p50('stable')} - 1) < -0.05\n"
+        f"and on (route) ({count('canary')} >= 20)\n"
+        f"and on (route) ({count('stable')} >= 20)"
+    )
+    assert "offset" not in _expr(rule)
+
+
 def test_relative_ratio_parenthesises_both_quotients() -> None:
     rule = _rule(signal="model_output_validity_rate", aggregation="ratio", threshold=-0.01,
                  baseline=Baseline(window_s=1800.0))  # fmt: skip
@@ -412,7 +436,7 @@ def test_promtool_check_rules_accepts_the_export(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(render_rules(default_rules()))
     done = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 7 rules found" in done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout
 
 
 def test_promtool_check_rules_accepts_every_kind_of_rule(tmp_path: Path) -> None:
@@ -526,6 +550,17 @@ FIRING_VALUES: dict[tuple[str, str], float] = {
     ("relevance_regression", "fires on a drop against the hour before"): (
         (0.775 + 0.025 * 0.5) / (0.85 + 0.025 * (300 - 100) / 500) - 1
     ),
+    # Canary scores in (0.75, 0.775], stable ones in (0.85, 0.875], over the same 10 minutes.
+    ("canary_relevance_drop", "fires when the canary is 10% below the stable variant"): (
+        (0.75 + 0.025 * 0.5) / (0.85 + 0.025 * 0.5) - 1
+    ),
+    ("canary_answer_relevance_drop", "fires when the canary is 10% below the stable variant"): (
+        (0.75 + 0.025 * 0.5) / (0.85 + 0.025 * 0.5) - 1
+    ),
+    (
+        "canary_validity_drop",
+        "fires when one canary output in ten fails and none of the stable ones do",
+    ): (0.9 / 1.0 - 1),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ SIGNAL_LIST = (
     " model_output_validity_rate, request_success_rate, operation_duration, time_to_first_token,"
     " time_to_first_chunk, time_per_output_token"
 )
-LABELS = "route, model, provider, prompt_class"
+LABELS = "route, model, provider, prompt_class, variant"
 TEMPLATE_FIX = (
     "use {{ $value }}, {{ $value | humanize }} (or humanizePercentage, humanizeDuration),"
     ' {{ printf "%.2f" $value }} or {{ $labels.NAME }}'
@@ -191,6 +192,7 @@ def test_shipped_defaults_load_with_the_issues_numbers() -> None:
         for name, r in by_name(load_rules()).items()
     }  # fmt: skip
     route_model = ("route", "model")
+    canary, stable = {"variant": "canary"}, Baseline(peer={"variant": "stable"})
     assert shape == {
         "ContextRelevanceLow": ("context_relevance_score", "p50", 300.0, "<", 0.75, 20, 120.0,
                                 0.0, route_model, {}, None, "warning"),
@@ -205,6 +207,12 @@ def test_shipped_defaults_load_with_the_issues_numbers() -> None:
                            route_model, {}, None, "warning"),
         "RelevanceRegression": ("context_relevance_score", "p50", 300.0, "<", -0.05, 20, 300.0,
                                 0.0, ("route",), {}, Baseline(window_s=3600.0), "warning"),
+        "CanaryRelevanceDrop": ("context_relevance_score", "p50", 600.0, "<", -0.05, 20, 120.0,
+                                0.0, ("route",), canary, stable, "critical"),
+        "CanaryValidityDrop": ("model_output_validity_rate", "ratio", 600.0, "<", -0.05, 20,
+                               120.0, 0.0, ("route",), canary, stable, "critical"),
+        "CanaryAnswerRelevanceDrop": ("answer_relevance_score", "p50", 600.0, "<", -0.05, 20,
+                                      120.0, 0.0, ("route",), canary, stable, "critical"),
     }  # fmt: skip
 
 
@@ -216,12 +224,15 @@ def test_shipped_defaults_come_in_the_documented_order() -> None:
         "LatencySLO",
         "SlowFirstToken",
         "RelevanceRegression",
+        "CanaryRelevanceDrop",
+        "CanaryValidityDrop",
+        "CanaryAnswerRelevanceDrop",
     ]
 
 
 def test_every_default_says_where_its_numbers_come_from() -> None:
     for rule in load_rules():
-        assert "issue 5" in rule.description, rule.name
+        assert re.search(r"[Ii]ssue \d+", rule.description), rule.name
 
 
 def test_every_default_links_its_runbook_anchor() -> None:
@@ -637,3 +648,58 @@ def test_any_well_formed_rule_loads_as_written(case: tuple[dict[str, Any], Rule]
 
 def test_signal_table_knows_every_default_signal() -> None:
     assert all(signal_named(entry["signal"]) for entry in default_rule_entries())
+
+
+# -- peer baselines (canary against stable) -------------------------------------------------
+
+PEER_RULE = {
+    "name": "CanaryTtft",
+    "signal": "time_to_first_token",
+    "aggregation": "p95",
+    "window": "10m",
+    "op": ">",
+    "threshold": "+20%",
+    "match": {"variant": "canary"},
+    "baseline": {"peer": {"variant": "stable"}},
+    "group_by": ["route"],
+}
+
+
+def test_a_peer_baseline_compares_the_match_with_its_peer() -> None:
+    rules = by_name(parse_rules([PEER_RULE], base=[]))
+    rule = rules["CanaryTtft"]
+    assert rule.baseline == Baseline(peer={"variant": "stable"})
+    assert rule.peer_match == {"variant": "stable"}
+    assert rule.threshold == pytest.approx(0.2)
+
+
+def test_the_default_canary_rules_roll_back_on_a_five_percent_drop() -> None:
+    rules = by_name(load_rules(defaults=True))
+    for name in ("CanaryRelevanceDrop", "CanaryValidityDrop", "CanaryAnswerRelevanceDrop"):
+        rule = rules[name]
+        assert (rule.threshold, rule.labels["action"], rule.min_samples) == (-0.05, "rollback", 20)
+        assert (rule.match, rule.baseline) == (
+            {"variant": "canary"},
+            Baseline(peer={"variant": "stable"}),
+        )
+
+
+def test_a_peer_that_picks_the_rule_s_own_samples_is_an_issue() -> None:
+    same = {**PEER_RULE, "baseline": {"peer": {"variant": "canary"}}}
+    (issue,) = issues_of([same], base=[])
+    assert issue.startswith("rules[0].baseline.peer: the peer picks the rule's own samples")
+
+
+def test_a_peer_label_the_signal_lacks_is_an_issue() -> None:
+    odd = {**PEER_RULE, "baseline": {"peer": {"colour": "blue"}}}
+    (issue,) = issues_of([odd], base=[])
+    assert issue.startswith("rules[0].baseline.peer.colour: time_to_first_token has no label")
+
+
+def test_a_baseline_is_a_window_or_a_peer_not_both() -> None:
+    both = {**PEER_RULE, "baseline": {"peer": {"variant": "stable"}, "window": "1h"}}
+    issues = issues_of([both], base=[])
+    assert issues == [
+        "rules[0].baseline: a baseline is the time before (window) or another variant (peer),"
+        " not both (fix: keep window: for a change over time, or peer: to compare with a variant)"
+    ]

@@ -196,6 +196,9 @@ RUNBOOK_PANELS = {
     "StreamChoppy": ("semhealth-streams", 8),
     "LatencySLO": ("semhealth-streams", 3),
     "SlowFirstToken": ("semhealth-streams", 2),
+    "CanaryRelevanceDrop": ("semhealth-overview", 18),
+    "CanaryValidityDrop": ("semhealth-overview", 19),
+    "CanaryAnswerRelevanceDrop": ("semhealth-overview", 20),
 }
 
 

@@ -109,6 +109,8 @@ def test_the_label_table_knows_the_metrics_with_route_and_model() -> None:
         "model",
         "provider",
         "prompt_class",
+        "source",
+        "variant",
     )
     assert labels_of("semantic_health_output_failure_reasons_total") == (
         "route",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semhealth.embeddings.batcher import MicroBatcher, estimate_tokens
+from semhealth.embeddings.batcher import BatchCost, MicroBatcher, estimate_tokens
 from semhealth.embeddings.cache import Cache
 from semhealth.embeddings.config import Batching
 from semhealth.embeddings.errors import BackendError, Closed, Overloaded
@@ -481,3 +481,79 @@ async def test_workers_do_not_keep_the_batcher_alive(minilm: LocalBackend) -> No
 def test_an_invalid_config_is_refused_at_construction(minilm: LocalBackend) -> None:
     with pytest.raises(ValueError, match="max_batch"):
         MicroBatcher(minilm, Batching(queue_size=4, max_batch=8))
+
+
+# -- callers that give up, and the batch-cost estimate ---------------------------------------
+
+
+async def test_a_caller_that_gives_up_has_none_of_its_texts_embedded(minilm: LocalBackend) -> None:
+    gated = Gated(minilm)
+    batcher = MicroBatcher(gated, Batching(max_batch=4, flush_timeout_s=0.0))
+    await batcher.start()
+    try:
+        held = asyncio.create_task(batcher.embed(texts(4, "held ")))
+        await gated.entered.wait()
+        mine = texts(3, "mine ")
+        shared = "a text another caller wants too"
+        other = asyncio.create_task(batcher.embed([shared]))
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await batcher.embed([*mine, shared])
+        gated.release()
+        await held
+        assert (await other).shape == (1, 384)
+    finally:
+        await batcher.shutdown()
+    embedded = {text for call in gated.calls for text in call}
+    assert not embedded & set(mine)  # every one of its texts, not only the one it awaited
+    assert shared in embedded  # a text another caller still waits for is kept
+    assert batcher.stats().expired_texts == 3
+
+
+def test_batch_cost_fits_a_fixed_cost_plus_a_cost_per_text() -> None:
+    cost = BatchCost()
+    assert cost.seconds_for(32) is None
+    for size in (4, 16, 8, 32, 12, 24) * 3:
+        cost.observe(size, 0.5 + 0.01 * size)
+    assert cost.seconds_for(32) == pytest.approx(0.82, rel=1e-3)
+    assert cost.seconds_for(4) == pytest.approx(0.54, rel=1e-3)
+
+
+def test_batch_cost_of_batches_all_one_size_is_proportional() -> None:
+    cost = BatchCost()
+    for _ in range(3):
+        cost.observe(10, 1.0)
+    assert cost.seconds_for(20) == pytest.approx(2.0)
+
+
+async def test_expected_wait_counts_the_queue_in_whole_batches(minilm: LocalBackend) -> None:
+    gated = Gated(minilm)
+    batcher = MicroBatcher(gated, Batching(max_batch=4, flush_timeout_s=0.0))
+    await batcher.start()
+    try:
+        assert batcher.expected_wait_s(5) is None  # no batch to go by yet
+        gated.release()
+        await batcher.embed(texts(4, "first "))
+        assert batcher.expected_wait_s(5) is None  # idle: a call goes straight in
+        gated.gate.clear()
+        held = asyncio.create_task(batcher.embed(texts(4, "held ")))
+        await until_calls(gated, 2)
+        queued = asyncio.create_task(batcher.embed(texts(6, "queued ")))
+        await asyncio.sleep(0)
+        full = batcher._shared.cost.seconds_for(4)
+        assert full is not None
+        # The batch in the model, then 6 queued + 5 new texts: two full batches and 3.
+        wait = batcher.expected_wait_s(5)
+        assert wait == pytest.approx(3 * full + batcher._shared.cost.seconds_for(3))
+        stats = batcher.stats()
+        assert stats.texts_per_s == pytest.approx(4 / full)
+        gated.release()
+        await asyncio.gather(held, queued)
+    finally:
+        await batcher.shutdown()
+
+
+async def until_calls(gated: Gated, count: int) -> None:
+    async with asyncio.timeout(5.0):
+        while len(gated.calls) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)

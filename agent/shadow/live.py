@@ -51,6 +51,7 @@ import aiohttp
 import orjson
 
 from semhealth.agent.config import TLS, Timeouts
+from semhealth.agent.relevance import RecordScores, eligibility
 from semhealth.agent.shadow.diff import Segmenter, default_segmenter, tokenizer_segmenter
 from semhealth.agent.shadow.offline import rewrite_model, send_request
 from semhealth.agent.shadow.pairs import PairResult, agreement, compare
@@ -137,7 +138,7 @@ class ShadowStats:
     # Not meant to be shadowed (by design, not load), by reason: method, route, sampled_out.
     skipped: dict[str, int] = field(default_factory=dict)
     errors: int = 0  # failures inside the component (a bug: please report)
-    agreement_skipped: int = 0  # the scorer was busy or failed: the pair has no agreement
+    scoring_skipped: int = 0  # the scorer was busy or failed: no agreement, or no shadow scores
     diff_log_lines: int = 0
     diff_log_dropped: int = 0  # worst pairs not written: the log is full or unwritable
     in_flight: int = 0  # candidate requests open now
@@ -212,6 +213,7 @@ class Shadow:
         *,
         scorer: ScorerSource = _no_scorer,
         record_shadow: RecordShadow | None = None,
+        record_shadow_scores: RecordScores | None = None,
         observe_pair: PairObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -231,6 +233,7 @@ class Shadow:
         )
         self._scorer = scorer
         self._record_shadow = record_shadow
+        self._record_shadow_scores = record_shadow_scores
         self._observe_pair = observe_pair
         self._clock = clock
         self._rng = rng or random.Random()
@@ -399,6 +402,10 @@ class Shadow:
             except Exception:
                 self.stats.errors += 1
                 log.exception("recording a shadow record failed")
+        scorer = self._scorer()
+        wanted = self._record_shadow_scores is not None and eligibility(record) is None
+        if scorer is not None and wanted:
+            self._spawn(self._score_shadow(scorer, record))
         if item.primary is not None and self._waiting.get(key) is item:
             self._joined(key, item)
 
@@ -444,8 +451,21 @@ class Shadow:
         try:
             return await agreement(pair, primary, shadow, scorer)
         except (Overloaded, EmbeddingError):
-            self.stats.agreement_skipped += 1  # live: never wait on the scorer
+            self.stats.scoring_skipped += 1  # live: never wait on the scorer
             return pair
+
+    async def _score_shadow(self, scorer: Scorer, record: StreamRecord) -> None:
+        """The candidate's own context and answer relevance (variant="shadow")."""
+        assert self._record_shadow_scores is not None
+        query = record.request.query or ""
+        try:
+            scores = await scorer.score(query, record.request.context, record.output_text or None)
+            self._record_shadow_scores(record, scores)
+        except (Overloaded, EmbeddingError):
+            self.stats.scoring_skipped += 1
+        except Exception:
+            self.stats.errors += 1
+            log.exception("scoring a shadow record failed")
 
     def _is_bad(self, pair: PairResult) -> bool:
         """A pair past the tolerances: the ones a person should read."""

@@ -10,7 +10,7 @@ one pair into them. The counters are observable and read ``ShadowStats`` at coll
   primary_incomplete, duplicate, closed, error);
 - ``semhealth_shadow_skipped_total{reason}``: exchanges that were never meant to be shadowed
   (method, route, sampled_out);
-- ``semhealth_shadow_errors_total``, ``semhealth_shadow_agreement_skipped_total``,
+- ``semhealth_shadow_errors_total``, ``semhealth_shadow_scoring_skipped_total``,
   ``semhealth_shadow_diff_log_lines_total``, ``semhealth_shadow_diff_log_dropped_total``;
 - gauges ``semhealth_shadow_in_flight`` and ``semhealth_shadow_waiting``.
 
@@ -97,9 +97,9 @@ def observe_shadow(meter: Meter, stats: ShadowStats) -> None:
     singles = {
         "semhealth_shadow_errors": ("Failures inside live shadowing (a bug: please report).",
                                     lambda: stats.errors),
-        "semhealth_shadow_agreement_skipped": (
-            "Pairs left without answer agreement: the relevance scorer was busy or failed.",
-            lambda: stats.agreement_skipped),
+        "semhealth_shadow_scoring_skipped": (
+            "Shadow pairs or records left unscored: the relevance scorer was busy or failed.",
+            lambda: stats.scoring_skipped),
         "semhealth_shadow_diff_log_lines": ("Pairs written to the opt-in diff log.",
                                             lambda: stats.diff_log_lines),
         "semhealth_shadow_diff_log_dropped": (

@@ -362,3 +362,13 @@ async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: Loc
     agreement = route["answer_agreement"]
     assert agreement is not None and 0 < agreement["mean"] < 1
     assert f'semantic_health_shadow_answer_agreement_count{{route="{ROUTE}"}} 3.0' in metrics
+    # Each side's own relevance, by variant: the candidate's scored by the shadow, the
+    # primary's by the relevance stage.
+    for variant in ("primary", "shadow"):
+        counts = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("semantic_health_answer_relevance_score_count")
+            and f'variant="{variant}"' in line
+        ]
+        assert counts and counts[0].endswith(" 3.0"), variant

@@ -1,6 +1,7 @@
 """The shadow component on its own and its opt-in diff log: the join table expires pairs
 whose partner never comes (counted), the budget refills with time, and the diff log is off
-unless configured and, when on, private (0600) and capped."""
+unless configured and, when on, private (0600) and capped. A failing open hook never costs
+the tap its stream."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
+from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.shadow.live import (
     DiffLog,
     Shadow,
@@ -24,7 +26,8 @@ from semhealth.agent.shadow.live import (
 from semhealth.agent.shadow.offline import send_request
 from semhealth.agent.shadow.stats import Tolerances
 from semhealth.agent.simulator import SimulatedUpstream
-from semhealth.collectors import Exchange
+from semhealth.agent.tap import Tap
+from semhealth.collectors import Exchange, StreamRecord
 from tests.agent.conftest import agent_config
 from tests.agent.shadow.test_live import LYON, PARIS, ROUTE, answering, ask, shadowed
 
@@ -157,3 +160,29 @@ async def test_the_diff_log_when_on_holds_the_worst_pairs_private_and_capped(
     assert (line["primary_text"], line["shadow_text"]) == ("".join(PARIS), "".join(LYON))
     assert line["token_distance"] == pytest.approx(1 / 7)
     assert line["first_divergence"] == 5
+
+
+async def test_a_failing_open_hook_is_counted_and_the_stream_still_analysed() -> None:
+    records: list[StreamRecord] = []
+
+    def broken(_exchange: Exchange) -> None:
+        raise RuntimeError("a bug in the hook")
+
+    tap = Tap(agent_config("http://127.0.0.1:1").collectors, records.append, on_open=broken)
+    await tap.start()
+    exchange = Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        start_ns=time.monotonic_ns(),
+        status=200,
+        content_type="application/json",
+        content_encoding=None,
+        response_ns=time.monotonic_ns(),
+        request_body=BODY,
+    )
+    stream = tap.open_stream(exchange)
+    stream.offer(b'{"choices":[{"message":{"content":"ok"}}]}', time.monotonic_ns())
+    stream.close(Outcome(end_ns=time.monotonic_ns()))
+    await tap.shutdown()
+    assert tap.stats.analysis_errors == 1
+    assert [record.output_text for record in records] == ["ok"]

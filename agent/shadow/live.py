@@ -86,6 +86,9 @@ class DiffLog:
     max_bytes: int = 10 * 1024 * 1024  # then it stops writing (counted), never rotates
 
 
+_DIFF_LOG_MAX_BYTES = DiffLog(path="").max_bytes
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShadowSettings:
     upstream: ShadowUpstream
@@ -122,6 +125,49 @@ class ShadowSettings:
         if self.diff_log is not None and self.diff_log.max_bytes < 1:
             problems.append("shadow.diff_log.max_bytes: must be at least 1")
         return problems
+
+
+def shadow_from_config(block: Any) -> ShadowSettings | None:
+    """``ShadowSettings`` from the configuration's ``shadow:`` block (attributes named as the
+    YAML keys: ``upstream.{url,tls,timeouts,headers}``, ``rewrite.model``, ``routes``, ...);
+    None when there is no block or it names no candidate URL."""
+    upstream = getattr(block, "upstream", None)
+    if upstream is None or getattr(upstream, "url", None) is None:
+        return None
+    rewrite = getattr(block, "rewrite", None)
+    tolerances = getattr(block, "tolerances", None)
+    diff_log = getattr(block, "diff_log", None)
+    defaults = ShadowSettings(upstream=ShadowUpstream(url=upstream.url))
+    plain = {
+        name: getattr(block, name, getattr(defaults, name))
+        for name in (
+            "sample_rate", "max_per_minute", "max_concurrent", "max_body_bytes", "tokenizer",
+            "join_timeout_s", "max_waiting", "window_pairs", "window_s",
+        )
+    }  # fmt: skip
+    return ShadowSettings(
+        upstream=ShadowUpstream(
+            url=upstream.url,
+            tls=getattr(upstream, "tls", None) or TLS(),
+            timeouts=getattr(upstream, "timeouts", None) or defaults.upstream.timeouts,
+            headers=dict(getattr(upstream, "headers", None) or {}),
+        ),
+        rewrite_model=getattr(rewrite, "model", None),
+        routes=tuple(getattr(block, "routes", ()) or ()),
+        methods=tuple(getattr(block, "methods", None) or defaults.methods),
+        tolerances=Tolerances(
+            **{
+                name: getattr(tolerances, name, getattr(defaults.tolerances, name))
+                for name in Tolerances.__dataclass_fields__
+            }
+        ),
+        diff_log=None
+        if diff_log is None
+        else DiffLog(
+            path=diff_log.path, max_bytes=getattr(diff_log, "max_bytes", _DIFF_LOG_MAX_BYTES)
+        ),
+        **plain,
+    )
 
 
 # --------------------------------------------------------------------------- counters

@@ -372,3 +372,20 @@ async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: Loc
             and f'variant="{variant}"' in line
         ]
         assert counts and counts[0].endswith(" 3.0"), variant
+
+
+async def test_the_candidate_gets_the_same_request_streamed_as_asked_with_its_model() -> None:
+    async with shadowed(
+        answering(PARIS), answering(PARIS), shadow={"rewrite_model": "candidate-m"}
+    ) as run:
+        client = run.client()
+        await ask(client, temperature=0.25)
+        await client.close()
+        await run.settled(1)
+    (sent,) = run.primary.received
+    (shadowed_request,) = run.candidate.received
+    assert (sent.json["model"], shadowed_request.json["model"]) == ("m", "candidate-m")
+    assert shadowed_request.json == {**sent.json, "model": "candidate-m"}
+    assert shadowed_request.json["stream"] is True
+    assert shadowed_request.path == sent.path == "/v1/chat/completions"
+    assert run.stats.pairs == {(ROUTE, "exact"): 1}

@@ -10,11 +10,13 @@ import os
 import stat
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import orjson
 import pytest
 
+from semhealth.agent.config import TLS, Timeouts
 from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.shadow.live import (
     DiffLog,
@@ -22,6 +24,7 @@ from semhealth.agent.shadow.live import (
     ShadowSettings,
     ShadowUpstream,
     TokenBucket,
+    shadow_from_config,
 )
 from semhealth.agent.shadow.offline import send_request
 from semhealth.agent.shadow.stats import Tolerances
@@ -186,3 +189,39 @@ async def test_a_failing_open_hook_is_counted_and_the_stream_still_analysed() ->
     await tap.shutdown()
     assert tap.stats.analysis_errors == 1
     assert [record.output_text for record in records] == ["ok"]
+
+
+def test_settings_come_from_the_configuration_block_with_defaults_for_the_rest() -> None:
+    tls = TLS(verify=False)
+    block = SimpleNamespace(
+        upstream=SimpleNamespace(
+            url="https://candidate:8443",
+            tls=tls,
+            timeouts=Timeouts(connect_s=2, read_s=30, total_s=60),
+            headers={"Authorization": "Bearer c"},
+        ),
+        rewrite=SimpleNamespace(model="m2"),
+        routes=["chat_completions"],
+        sample_rate=0.25,
+        tolerances=SimpleNamespace(min_agreement=0.9),
+        diff_log=SimpleNamespace(path="/var/lib/semhealth/diff.jsonl"),
+    )
+    settings = shadow_from_config(block)
+    assert settings is not None
+    assert settings.upstream == ShadowUpstream(
+        url="https://candidate:8443",
+        tls=tls,
+        timeouts=Timeouts(connect_s=2, read_s=30, total_s=60),
+        headers={"Authorization": "Bearer c"},
+    )
+    assert (settings.rewrite_model, settings.routes, settings.sample_rate) == (
+        "m2",
+        ("chat_completions",),
+        0.25,
+    )
+    assert settings.methods == ("POST",) and settings.max_per_minute == 60
+    assert settings.tolerances == Tolerances(min_agreement=0.9)
+    assert settings.diff_log == DiffLog(path="/var/lib/semhealth/diff.jsonl")
+    assert settings.validate() == []
+    assert shadow_from_config(None) is None
+    assert shadow_from_config(SimpleNamespace(upstream=SimpleNamespace(url=None))) is None

@@ -136,7 +136,7 @@ class Tls:
         if backend != "scorer":
             return [
                 ConfigIssue(
-                    "tls",
+                    "",
                     f"the {backend} backend takes no tls section",
                     "remove it; give an https:// url for TLS to a tei or openai server",
                 )

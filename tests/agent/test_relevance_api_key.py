@@ -109,10 +109,10 @@ def test_a_key_pasted_into_api_key_env_is_not_echoed(tmp_path: Path) -> None:
     assert KEY not in issue
 
 
-def test_a_scorer_encoder_with_a_key_is_a_config_error(tmp_path: Path) -> None:
+def test_a_scorer_encoder_takes_a_key_as_its_bearer_token(tmp_path: Path) -> None:
     path = keyed_yaml(tmp_path, "127.0.0.1:50051", backend="scorer")
-    (issue,) = relevance_issues(path, {VARIABLE: KEY})
-    assert "relevance.encoders[0].remote.api_key_env: the scorer backend sends no API key" in issue
+    (encoder,) = load_relevance(path, {VARIABLE: KEY}).embeddings.encoders
+    assert encoder.remote.api_key == KEY
 
 
 def test_a_key_variable_with_the_semhealth_prefix_is_not_an_unknown_setting(

@@ -27,6 +27,7 @@ from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
 from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+from semhealth.embeddings.scorer_guard import Guard, ServerTls
 from semhealth.embeddings.scorer_service import ScorerServer, serve_scorer
 from tests.agent.test_relevance_e2e import (
     RELEVANT,
@@ -38,6 +39,7 @@ from tests.agent.test_relevance_e2e import (
     value,
     wait_for,
 )
+from tests.embeddings.certs import make_pki
 from tests.embeddings.wrappers import Gated
 
 SERVED = "default"
@@ -184,6 +186,55 @@ async def test_a_scorer_that_sheds_or_misses_the_deadline_counts_as_dropped(
             client, *calls = held
             await asyncio.gather(*calls)
             await client.aclose()
+        await server.shutdown(1.0)
+        await batcher.shutdown(1.0)
+        await upstream.shutdown()
+
+
+async def test_a_request_is_scored_through_a_scorer_behind_mutual_tls_and_a_token(
+    minilm: Backend, tmp_path: Path
+) -> None:
+    """remote.tls and api_key_env, as the YAML gives them, reach the sidecar's channel."""
+    pki = make_pki(tmp_path)
+    client = pki.client(tmp_path, "sidecar")
+    tls = ServerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
+    upstream = SimulatedUpstream(answer)
+    await upstream.start()
+    batcher = MicroBatcher(minilm, Batching())
+    await batcher.start()
+    guard = Guard(token="sidecar-token-77")
+    server = await serve_scorer({SERVED: batcher}, credentials=tls.credentials(), guard=guard)
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            upstream:
+              url: {upstream.url}
+            relevance:
+              enabled: true
+              route_cjk_to: null
+              encoders:
+                - name: default
+                  backend: scorer
+                  remote:
+                    url: "localhost:{server.port}"
+                    api_key_env: SCORER_TOKEN
+                    tls:
+                      ca_file: {pki.ca}
+                      cert_file: {client.cert}
+                      key_file: {client.key}
+                      server_name: localhost
+            """
+        )
+    )
+    overrides = {"listen.proxy": "127.0.0.1:0", "listen.admin": "127.0.0.1:0"}
+    config = load_config(str(path), {"SCORER_TOKEN": "sidecar-token-77"}, overrides)
+    try:
+        async with agent_on(config) as agent, aiohttp.ClientSession() as session:
+            await post_one_and_wait_scored(session, agent)
+        assert server.stats().texts > 0
+        assert guard.refused["unauthenticated"] == 0
+    finally:
         await server.shutdown(1.0)
         await batcher.shutdown(1.0)
         await upstream.shutdown()

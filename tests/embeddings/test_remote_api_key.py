@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from semhealth.embeddings._http import HttpBackend
-from semhealth.embeddings.config import Config, Encoder, Remote
+from semhealth.embeddings.config import Config, Encoder, Remote, Tls
 from semhealth.embeddings.errors import BackendError, ModelLoadError
 from semhealth.embeddings.factory import open_scorer
 from semhealth.embeddings.local import LocalBackend
@@ -166,10 +166,23 @@ def test_a_key_with_a_control_character_is_an_issue_that_does_not_show_it() -> N
     assert KEY not in str(issue)
 
 
-def test_a_scorer_encoder_takes_no_key() -> None:
+def test_a_scorer_encoder_takes_a_bearer_token() -> None:
     remote = Remote(url="scorer:50051", api_key_env="SCORER_KEY", api_key=KEY)
-    (issue,) = remote.validate("scorer")
-    assert (issue.path, issue.message) == ("api_key_env", "the scorer backend sends no API key")
+    assert remote.validate("scorer") == []
+
+
+def test_tls_is_for_scorer_encoders_and_a_client_certificate_needs_its_key() -> None:
+    tls = Tls(ca_file="/etc/scorer/ca.pem", server_name="scorer.internal")
+    assert Remote(url="scorer:50051", tls=tls).validate("scorer") == []
+    (issue,) = Remote(url="http://tei:8080", tls=tls).validate("tei")
+    assert (issue.path, issue.message) == ("tls", "the tei backend takes no tls section")
+    half = Tls(ca_file="/etc/scorer/ca.pem", cert_file="/etc/scorer/client.pem")
+    (issue,) = Remote(url="scorer:50051", tls=half).validate("scorer")
+    assert (issue.path, issue.message) == (
+        "tls.key_file",
+        "key_file is empty while its pair is set",
+    )
+    assert not Tls().enabled and tls.enabled
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -33,6 +33,15 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under the deep profile a property runs for many minutes: pytest-timeout's per-test
+    limit (pyproject.toml) would cut it short, so it is lifted for that run."""
+    default = settings.default
+    if default is not None and default.max_examples >= 100_000:
+        for item in items:
+            item.add_marker(pytest.mark.timeout(0))
+
+
 @pytest.fixture(scope="session")
 def minilm() -> Iterator[LocalBackend]:
     backend = LocalBackend("all-MiniLM-L6-v2", threads=2)

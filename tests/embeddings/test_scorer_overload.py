@@ -236,9 +236,11 @@ async def test_texts_whose_deadline_passed_in_the_queue_are_never_encoded(
             await held
             after = record_texts(2, 0)
             await patient.embed(after)  # the worker has passed where the expired texts were
+            metrics = server.metrics.render().decode()
         finally:
             await patient.aclose()
             await hasty.aclose()
+    assert f'semhealth_scorer_expired_texts_total{{encoder="{ENCODER}"}} 5.0' in metrics
     encoded = [text for call in gated.calls for text in call]
     assert sorted(encoded) == sorted(record_texts(0, 0) + after)
     assert batcher.stats().expired_texts == server.stats().expired_texts == TEXTS_PER_CALL
@@ -271,6 +273,10 @@ async def test_a_call_that_cannot_finish_before_its_deadline_is_refused_at_once(
             # The scorer said why: a wait past the 0.5 s this call had left.
             assert refused.expected_wait_s is not None and refused.expected_wait_s > 0.5
             assert server.stats().rejected == {EXPECTED_WAIT: 1}
+            metrics = server.metrics.render().decode()
+            rejected = f'{{encoder="{ENCODER}",reason="{EXPECTED_WAIT}"}} 1.0'
+            assert f"semhealth_scorer_rejected_requests_total{rejected}" in metrics
+            assert f'semhealth_scorer_throughput_texts_per_second{{encoder="{ENCODER}"}}' in metrics
             for call in queued:
                 call.cancel()
         finally:

@@ -377,8 +377,11 @@ class Shadow:
         )
         self._waiting[key] = item
         self.stats.waiting = len(self._waiting)
-        body = rewrite_model(exchange.request_body, self._settings.rewrite_model)
-        item.task = self._spawn(self._ask(key, item, exchange, body))
+        # Counted now, not when the task first runs: a burst of opens in one loop turn
+        # must see each other against max_concurrent.
+        self.stats.in_flight += 1
+        item.task = self._spawn(self._ask(key, item, exchange))
+        item.task.add_done_callback(self._asked)
 
     def _shed_reason(self, exchange: Exchange) -> str | None:
         """Why this sampled exchange cannot be shadowed now; the budget is taken last."""
@@ -417,14 +420,14 @@ class Shadow:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _ask(
-        self, key: tuple[int, str], item: _Pending, exchange: Exchange, body: bytes | None
-    ) -> None:
+    async def _ask(self, key: tuple[int, str], item: _Pending, exchange: Exchange) -> None:
         session = self._session
         assert session is not None
         upstream = self._settings.upstream
-        self.stats.in_flight += 1
         try:
+            # Here, not in on_open: parsing a body may take a while, and in one process
+            # on_open runs on the forwarding path.
+            body = rewrite_model(exchange.request_body, self._settings.rewrite_model)
             record = await send_request(
                 session,
                 upstream.url,
@@ -439,8 +442,6 @@ class Shadow:
             log.exception("the shadow request failed inside semhealth")
             self._drop(key, item, "error")
             return
-        finally:
-            self.stats.in_flight -= 1
         item.shadow = record
         if self._record_shadow is not None:
             try:
@@ -454,6 +455,9 @@ class Shadow:
             self._spawn(self._score_shadow(scorer, record))
         if item.primary is not None and self._waiting.get(key) is item:
             self._joined(key, item)
+
+    def _asked(self, _task: asyncio.Task[None]) -> None:
+        self.stats.in_flight -= 1
 
     def _drop(self, key: tuple[int, str], item: _Pending, reason: str) -> None:
         if self._waiting.get(key) is item:

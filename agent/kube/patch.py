@@ -72,7 +72,9 @@ def plan_injection(template: Mapping[str, Any], settings: Settings) -> Plan:
     if CONTAINER in _container_names(spec):
         return Plan(False, f"already has a {CONTAINER} container")
     runs_to_completion = spec.get("restartPolicy") in ("Never", "OnFailure")
-    options = read_options(annotations, settings, runs_to_completion=runs_to_completion)
+    options = read_options(
+        annotations, settings, runs_to_completion=runs_to_completion, labels=_labels(template)
+    )
     _check_free(spec, options, takeover=TAKEOVER_PORT in annotations)
     return Plan(True, "injected", tuple(_operations(template, options)))
 
@@ -211,6 +213,12 @@ def _annotations(template: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = template.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     return annotations if isinstance(annotations, Mapping) else {}
+
+
+def _labels(template: Mapping[str, Any]) -> Mapping[str, str]:
+    metadata = template.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
 
 
 def _container_names(spec: Mapping[str, Any]) -> set[str]:

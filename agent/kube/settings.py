@@ -27,6 +27,10 @@ CPU_LIMIT = PREFIX + "cpu-limit"
 MEMORY_REQUEST = PREFIX + "memory-request"
 MEMORY_LIMIT = PREFIX + "memory-limit"
 NATIVE_SIDECAR = PREFIX + "native-sidecar"
+# The canary variant the sidecar labels its semantic series with (telemetry.variant): a
+# literal value, or the name of a Pod label the downward API fills in at container start.
+VARIANT = PREFIX + "variant"
+VARIANT_LABEL = PREFIX + "variant-label"
 # Written by injection: what it added, so --uninject removes exactly that (as Istio's
 # sidecar.istio.io/status does).
 STATUS = PREFIX + "status"
@@ -35,6 +39,9 @@ DEFAULT_CONFIG_MAP = "semhealth-config"
 DEFAULT_UPSTREAM_PORT = 8000
 DEFAULT_PROXY_PORT = 8080
 ADMIN_PORT = 9464
+# Argo Rollouts labels every Pod of a Rollout with the hash of its Pod template; the
+# AnalysisTemplate's canary-hash/stable-hash args are these values.
+ROLLOUTS_HASH_LABEL = "rollouts-pod-template-hash"
 
 # Sizes from the project's measurements (README): the forwarding process holds ~50 MiB and
 # the analysis process ~70 MiB without local encoders, ~180 MiB once the numpy USE encoder
@@ -58,6 +65,10 @@ _SUFFIXES = {
 }
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# Kubernetes' label value and label key syntax (a variant is a label value on both sides).
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_NAME = _LABEL_VALUE  # a key's name part has the same syntax
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +90,15 @@ class Resources:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Variant:
+    """Where the sidecar's ``telemetry.variant`` comes from: exactly one of a literal
+    ``value`` (set at admission) or a Pod ``label`` read through the downward API."""
+
+    value: str | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
     """One Pod template's sidecar, from its annotations over the ``Settings``."""
 
@@ -89,6 +109,7 @@ class Options:
     scorer: str | None
     resources: Resources
     native: bool  # an init container with restartPolicy Always (see native_sidecar)
+    variant: Variant | None = None  # None: the config's telemetry.variant stands
 
 
 def native_sidecar(annotations: Mapping[str, str], *, runs_to_completion: bool) -> bool:
@@ -120,11 +141,56 @@ def _boolean(name: str, value: object) -> bool:
     return lowered == "true"
 
 
+def read_variant(annotations: Mapping[str, str], labels: Mapping[str, str]) -> Variant | None:
+    """The template's variant source: semhealth.io/variant (a literal), else
+    semhealth.io/variant-label (a Pod label, e.g. ``app`` for Flagger's ``<name>`` and
+    ``<name>-primary``), else Argo Rollouts' pod-template hash when the Pod carries it.
+    None leaves ``telemetry.variant`` to the configuration: an env var from an absent label
+    would be empty and would override it with nothing."""
+    if VARIANT in annotations and VARIANT_LABEL in annotations:
+        raise AnnotationError(
+            f"{VARIANT} and {VARIANT_LABEL} are both set; keep {VARIANT} for a fixed value "
+            f"or {VARIANT_LABEL} to read it from a Pod label, not both"
+        )
+    if VARIANT in annotations:
+        value = str(annotations[VARIANT]).strip()
+        if not _LABEL_VALUE.match(value):
+            raise AnnotationError(
+                f"{VARIANT}: {annotations[VARIANT]!r} is not a label value (1 to 63 letters, "
+                "digits, '-', '_' or '.', starting and ending with a letter or digit), "
+                "such as canary or stable"
+            )
+        return Variant(value=value)
+    if VARIANT_LABEL in annotations:
+        key = str(annotations[VARIANT_LABEL]).strip()
+        if not _label_key(key):
+            raise AnnotationError(
+                f"{VARIANT_LABEL}: {annotations[VARIANT_LABEL]!r} is not a label key, such "
+                f"as app or {ROLLOUTS_HASH_LABEL}"
+            )
+        return Variant(label=key)
+    if ROLLOUTS_HASH_LABEL in labels:
+        return Variant(label=ROLLOUTS_HASH_LABEL)
+    return None
+
+
+def _label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)):
+        return False
+    return bool(_LABEL_NAME.match(name))
+
+
 def read_options(
-    annotations: Mapping[str, str], settings: Settings, *, runs_to_completion: bool = False
+    annotations: Mapping[str, str],
+    settings: Settings,
+    *,
+    runs_to_completion: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> Options:
     """The sidecar this template gets; raise ``AnnotationError`` for a value that cannot be
-    used. ``runs_to_completion``: the Pod's restartPolicy is Never or OnFailure."""
+    used. ``runs_to_completion``: the Pod's restartPolicy is Never or OnFailure; ``labels``:
+    the template's labels (Argo Rollouts' pod-template hash among them)."""
     scorer = _scorer(annotations.get(SCORER, settings.scorer))
     upstream = _port(annotations, UPSTREAM_PORT, DEFAULT_UPSTREAM_PORT)
     proxy = _proxy_port(annotations, upstream)
@@ -147,6 +213,7 @@ def read_options(
         scorer=scorer,
         resources=resources,
         native=native_sidecar(annotations, runs_to_completion=runs_to_completion),
+        variant=read_variant(annotations, labels or {}),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from semhealth.agent.kube.settings import ADMIN_PORT, Options
+from semhealth.agent.kube.settings import ADMIN_PORT, Options, Variant
 
 CONTAINER = "semhealth"
 CONFIG_VOLUME = "semhealth-config"
@@ -25,6 +25,8 @@ RUN_AS_USER = 65532
 # (default for English, multilingual for CJK), so both ask it for the same-named encoder.
 SCORER_ENCODERS = ("default", "multilingual")
 SCORER_ENV = "SEMHEALTH_RELEVANCE__ENCODERS"
+# telemetry.variant: the `variant` label on the semantic series the canary gates compare.
+VARIANT_ENV = "SEMHEALTH_TELEMETRY__VARIANT"
 
 
 def container(options: Options) -> dict[str, Any]:
@@ -77,8 +79,8 @@ def volumes(options: Options) -> list[dict[str, Any]]:
 
 
 def env(options: Options) -> list[dict[str, Any]]:
-    """Downward-API names the agent reads as resource attributes and alert labels, and the
-    remote encoders when a shared scorer is named."""
+    """Downward-API names the agent reads as resource attributes and alert labels, the
+    canary variant, and the remote encoders when a shared scorer is named."""
     variables: list[dict[str, Any]] = [
         {"name": "K8S_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {
@@ -86,9 +88,21 @@ def env(options: Options) -> list[dict[str, Any]]:
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
     ]
+    if options.variant is not None:
+        variables.append(variant_env(options.variant))
     if options.scorer is not None:
         variables.append({"name": SCORER_ENV, "value": scorer_encoders(options.scorer)})
     return variables
+
+
+def variant_env(variant: Variant) -> dict[str, Any]:
+    """``SEMHEALTH_TELEMETRY__VARIANT``, literal or from a Pod label. The downward API fills
+    an env var once, when the container starts: a label changed later (Flagger or Argo
+    relabelling a running Pod) does not reach the sidecar until the Pod is recreated."""
+    if variant.value is not None:
+        return {"name": VARIANT_ENV, "value": variant.value}
+    field = f"metadata.labels['{variant.label}']"
+    return {"name": VARIANT_ENV, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
 
 def scorer_encoders(address: str) -> str:

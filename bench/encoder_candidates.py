@@ -702,14 +702,27 @@ def schemes_for(pairs: Sequence[Pair], outcomes: Sequence[Outcome]) -> list[Scor
     for o in outcomes:
         assert o.facts["ids"] == ids, "worker and parent read different data"
         raw[o.candidate.name] = np.array(o.facts["scores"], dtype=np.float64)
-    schemes = [single_model(name, pairs, scores) for name, scores in raw.items()]
+    schemes = [
+        single_model(_PROFILE_OF_SINGLE.get(name, "") + name, pairs, scores)
+        for name, scores in raw.items()
+    ]
     english = raw.get("all-MiniLM-L6-v2")
     if english is not None:
         for o in outcomes:
             if o.candidate.multilingual:
-                name = f"route: CJK -> {o.candidate.name}, else all-MiniLM-L6-v2"
+                profile = _PROFILE_OF_ROUTE.get(o.candidate.name, "")
+                name = f"{profile}route: CJK -> {o.candidate.name}, else all-MiniLM-L6-v2"
                 schemes.append(routed(name, pairs, raw[o.candidate.name], english))
     return schemes
+
+
+# The relevance profiles (embeddings/profiles.py) among these schemes; their cost per scored
+# request and their figures on the harder sets are in bench/relevance_profiles.py's report.
+_PROFILE_OF_SINGLE = {"multilingual-e5-small-q4": "profile quality: "}
+_PROFILE_OF_ROUTE = {
+    "USE-multilingual-v3": "profile fast: ",
+    "multilingual-e5-small-q4": "profile balanced: ",
+}
 
 
 def report(pairs: Sequence[Pair], outcomes: Sequence[Outcome], args: argparse.Namespace) -> str:

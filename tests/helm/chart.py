@@ -27,6 +27,8 @@ KUBE_VERSIONS = ("1.25", "1.37")
 # Kinds from CustomResourceDefinitions: Kubernetes' own schemas do not know them.
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}
+# Validated against the CRDs in ../shared/crds by test_canary_templates.py.
+ROLLOUT_CONTROLLER_KINDS = {"AnalysisTemplate", "ClusterAnalysisTemplate", "MetricTemplate"}
 
 DASHBOARD = {"title": "semhealth chart test", "uid": "semhealth-chart-test", "panels": []}
 
@@ -227,6 +229,24 @@ _COMMON: dict[str, Any] = {
         "labels": {"release": "kube-prometheus-stack"},
     },
     "rulesConfigMap": {"enabled": True},
+    "canary": {
+        "prometheusAddress": "http://prometheus.monitoring:9090",
+        "tolerance": 0.03,
+        "minSamples": 50,
+        "signals": {"contextRelevance": True, "answerRelevance": False, "validity": False},
+        "argoRollouts": {
+            "enabled": True,
+            "name": "llm-gates",
+            "clusterScoped": True,
+            "window": "15m",
+            "interval": "2m",
+            "count": 5,
+            "failureLimit": 1,
+            "inconclusiveLimit": 3,
+            "route": "chat|search",
+        },
+        "flagger": {"enabled": True, "name": "llm-gates"},
+    },
     "dashboards": {
         "enabled": True,
         "namespace": "monitoring",
@@ -309,6 +329,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
                 "extraArgs": ["--all"],
             },
             "scorer": {"podDisruptionBudget": {"enabled": False}},
+            "canary": {
+                "signals": {"contextRelevance": False, "answerRelevance": True, "validity": True},
+                "argoRollouts": {"clusterScoped": False},
+            },
         },
     ),
 }

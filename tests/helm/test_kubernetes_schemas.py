@@ -22,7 +22,9 @@ MODELS: dict[str, Any] = {
 def _kubernetes_objects(
     manifests: dict[str, list[dict[str, Any]]],
 ) -> list[tuple[str, dict[str, Any]]]:
-    skip = chart.PROMETHEUS_OPERATOR_KINDS | chart.CERT_MANAGER_KINDS
+    skip = (
+        chart.PROMETHEUS_OPERATOR_KINDS | chart.CERT_MANAGER_KINDS | chart.ROLLOUT_CONTROLLER_KINDS
+    )
     return [(name, o) for name, items in manifests.items() for o in items if o["kind"] not in skip]
 
 

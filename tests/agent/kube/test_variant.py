@@ -144,4 +144,4 @@ def test_the_env_the_kubelet_fills_in_loads_as_telemetry_variant() -> None:
         "['rollouts-pod-template-hash']"
     )
     config = load_config(None, environ, {"upstream.url": "http://127.0.0.1:8000"})
-    assert config.telemetry.variant == HASH
+    assert config.telemetry.variant == HASH  # type: ignore[attr-defined]

@@ -452,7 +452,7 @@ async def _scorer(args: argparse.Namespace) -> int:
         if (exc.name or "").partition(".")[0] not in ("grpc", "grpc_health"):
             raise
         return _scorer_extra_missing(exc)
-    from semhealth.embeddings.scorer_guard import Guard, Limits, ServerTls, read_token
+    from semhealth.embeddings import ScorerGuard, ScorerLimits, ScorerTls, read_bearer_token
 
     relevance = load_relevance(args.config, os.environ)
     address = Address.parse(args.listen)
@@ -466,7 +466,7 @@ async def _scorer(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    limits = Limits(
+    limits = ScorerLimits(
         max_texts_per_call=args.max_texts_per_call,
         max_bytes_per_call=args.max_bytes_per_call,
         caller_texts_per_s=args.caller_rate,
@@ -483,13 +483,13 @@ async def _scorer(args: argparse.Namespace) -> int:
     # Read before anything starts: a missing file stops start-up with its name.
     credentials = None
     if args.tls_cert_file:
-        tls = ServerTls(
+        tls = ScorerTls(
             cert_file=args.tls_cert_file,
             key_file=args.tls_key_file,
             client_ca_file=args.client_ca_file,
         )
         credentials = tls.credentials()
-    token = read_token(args.bearer_token_file) if args.bearer_token_file else None
+    token = read_bearer_token(args.bearer_token_file) if args.bearer_token_file else None
     setup_logging("info")
     encoders = {
         encoder.name: ServedEncoder(load=backend_loader(encoder), batching=encoder.batching)
@@ -503,7 +503,7 @@ async def _scorer(args: argparse.Namespace) -> int:
         address.port,
         on_task_failure=_log_task_failure,
         credentials=credentials,
-        guard=Guard(token=token, limits=limits),
+        guard=ScorerGuard(token=token, limits=limits),
         cache_entries=relevance.embeddings.cache_entries,
     )
     metrics = None

@@ -66,6 +66,12 @@ if TYPE_CHECKING:
     from semhealth.embeddings.remote_scorer import RemoteScorerBackend
     from semhealth.embeddings.remote_tei import TEIBackend
     from semhealth.embeddings.routing import RoutingScorer, has_cjk
+    from semhealth.embeddings.scorer_guard import (
+        ScorerGuard,
+        ScorerLimits,
+        ScorerTls,
+        read_bearer_token,
+    )
     from semhealth.embeddings.scorer_metrics import MetricsServer
     from semhealth.embeddings.scorer_service import ServedEncoder, serve_scorer
     from semhealth.embeddings.use import UseBackend
@@ -105,6 +111,10 @@ _LAZY = {
     "OpenAICompatibleBackend": "remote_openai",
     "RemoteScorerBackend": "remote_scorer",
     "ServedEncoder": "scorer_service",
+    "ScorerGuard": "scorer_guard",
+    "ScorerLimits": "scorer_guard",
+    "ScorerTls": "scorer_guard",
+    "read_bearer_token": "scorer_guard",
     "TEIBackend": "remote_tei",
     "calibrate_from_jsonl": "jsonl",
     "score_jsonl": "jsonl",
@@ -157,6 +167,9 @@ __all__ = [
     "RemoteScorerBackend",
     "RoutingScorer",
     "Scorer",
+    "ScorerGuard",
+    "ScorerLimits",
+    "ScorerTls",
     "ServedEncoder",
     "TEIBackend",
     "Use",
@@ -177,6 +190,7 @@ __all__ = [
     "normalize_rows",
     "open_scorer",
     "profile_issues",
+    "read_bearer_token",
     "resolve_model",
     "resolve_profile",
     "score_jsonl",

@@ -2,9 +2,9 @@
 
 ``semhealth scorer`` receives prompt text over the network, so its gRPC port can be locked:
 
-- **TLS** (``ServerTls``): a certificate and key; with a client CA, mutual TLS, where the
+- **TLS** (``ScorerTls``): a certificate and key; with a client CA, mutual TLS, where the
   handshake itself refuses a client without a certificate that CA signed.
-- **A bearer token** (``Guard.token``): every Embed and Info call must carry
+- **A bearer token** (``ScorerGuard.token``): every Embed and Info call must carry
   ``authorization: Bearer <token>``; one without it, or with another, is answered
   UNAUTHENTICATED. The health service stays open, for probes.
 - **Limits per call** (texts, bytes) and **a rate per caller** (texts per second, a token
@@ -42,7 +42,7 @@ _BEARER = "bearer "
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Limits:
+class ScorerLimits:
     """What one call and one caller may ask for. A rate of 0 sets no rate limit."""
 
     max_texts_per_call: int = DEFAULT_MAX_TEXTS_PER_CALL
@@ -70,7 +70,7 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ServerTls:
+class ScorerTls:
     """The scorer's certificate and key (PEM files); ``client_ca_file`` turns on mutual TLS."""
 
     cert_file: str
@@ -100,7 +100,7 @@ def read_pem(path: str, what: str) -> bytes:
     return data
 
 
-def read_token(path: str) -> str:
+def read_bearer_token(path: str) -> str:
     """The bearer token in ``path``, stripped (a Secret's file often ends in a newline)."""
     try:
         token = Path(path).read_text("utf-8").strip()
@@ -119,14 +119,14 @@ class _Bucket:
 
 
 @dataclass(slots=True)
-class Guard:
+class ScorerGuard:
     """Checks each call's credentials and size, and its caller's rate; counts refusals.
 
     ``token`` None: no token is asked for. ``clock`` is monotonic seconds.
     """
 
     token: str | None = field(default=None, repr=False)
-    limits: Limits = field(default_factory=Limits)
+    limits: ScorerLimits = field(default_factory=ScorerLimits)
     clock: Callable[[], float] = time.monotonic
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     _buckets: OrderedDict[str, _Bucket] = field(default_factory=OrderedDict)

@@ -49,7 +49,7 @@ from semhealth.embeddings.errors import (
     ModelLoadError,
     Overloaded,
 )
-from semhealth.embeddings.scorer_guard import RATE_LIMITED, Guard, caller_of
+from semhealth.embeddings.scorer_guard import RATE_LIMITED, ScorerGuard, caller_of
 from semhealth.embeddings.scorer_metrics import (
     NO_ENCODER,
     OK,
@@ -156,7 +156,7 @@ class _State:
     """What the handlers and the loading task share; they hold this, never the server."""
 
     encoders: dict[str, _Served]
-    guard: Guard
+    guard: ScorerGuard
     shed_log: _ShedLog
     cache: Cache
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
@@ -173,7 +173,7 @@ class ScorerServer:
     ``encoders`` maps the name clients ask for to its source. ``port`` 0 picks a free port;
     ``self.port`` is the bound one after ``start``. ``on_task_failure`` hears of a model
     that failed to load or a batcher worker that died (the agent logs, counts, marks health).
-    ``credentials`` (``ServerTls(...).credentials()``) serve TLS instead of plain text;
+    ``credentials`` (``ScorerTls(...).credentials()``) serve TLS instead of plain text;
     ``guard`` checks tokens and limits (default: no token, the default size limits).
     ``cache_entries`` bounds the vectors kept for the encoders built here, all together.
     """
@@ -187,7 +187,7 @@ class ScorerServer:
         max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
         on_task_failure: Callable[[BaseException], None] | None = None,
         credentials: Any = None,
-        guard: Guard | None = None,
+        guard: ScorerGuard | None = None,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         overload_log_interval_s: float = DEFAULT_OVERLOAD_LOG_INTERVAL_S,
     ) -> None:
@@ -200,7 +200,7 @@ class ScorerServer:
         self._credentials = credentials
         self._state = _State(
             {name: _Served(source) for name, source in encoders.items()},
-            guard=guard or Guard(),
+            guard=guard or ScorerGuard(),
             shed_log=_ShedLog(overload_log_interval_s),
             cache=Cache(cache_entries),
         )
@@ -334,7 +334,7 @@ async def serve_scorer(
     max_message_bytes: int = _wire.MAX_MESSAGE_BYTES,
     on_task_failure: Callable[[BaseException], None] | None = None,
     credentials: Any = None,
-    guard: Guard | None = None,
+    guard: ScorerGuard | None = None,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     overload_log_interval_s: float = DEFAULT_OVERLOAD_LOG_INTERVAL_S,
 ) -> ScorerServer:

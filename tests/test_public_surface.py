@@ -45,6 +45,7 @@ SURFACE = {
         "RoutingScorer", "UseBackend", "has_cjk",
         "BACKEND_PACKAGES", "CalibrationError", "EncoderChoice", "Package", "Scorer",
         "ServedEncoder", "Use", "calibrate_from_jsonl", "choose_encoders",
+        "ScorerGuard", "ScorerLimits", "ScorerTls", "read_bearer_token",
         "identity_calibration", "missing_package", "open_scorer", "score_jsonl", "serve_scorer",
         "used_encoders",
     },

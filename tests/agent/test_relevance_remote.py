@@ -27,7 +27,7 @@ from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
 from semhealth.embeddings.remote_scorer import RemoteScorerBackend
-from semhealth.embeddings.scorer_guard import Guard, ServerTls
+from semhealth.embeddings.scorer_guard import ScorerGuard, ScorerTls
 from semhealth.embeddings.scorer_service import ScorerServer, serve_scorer
 from tests.agent.test_relevance_e2e import (
     RELEVANT,
@@ -197,12 +197,12 @@ async def test_a_request_is_scored_through_a_scorer_behind_mutual_tls_and_a_toke
     """remote.tls and api_key_env, as the YAML gives them, reach the sidecar's channel."""
     pki = make_pki(tmp_path)
     client = pki.client(tmp_path, "sidecar")
-    tls = ServerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
+    tls = ScorerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
     upstream = SimulatedUpstream(answer)
     await upstream.start()
     batcher = MicroBatcher(minilm, Batching())
     await batcher.start()
-    guard = Guard(token="sidecar-token-77")
+    guard = ScorerGuard(token="sidecar-token-77")
     server = await serve_scorer({SERVED: batcher}, credentials=tls.credentials(), guard=guard)
     path = tmp_path / "semhealth.yaml"
     path.write_text(

@@ -33,9 +33,9 @@ from semhealth.embeddings.scorer_guard import (
     TOO_MANY_BYTES,
     TOO_MANY_TEXTS,
     UNAUTHENTICATED,
-    Guard,
-    Limits,
-    ServerTls,
+    ScorerGuard,
+    ScorerLimits,
+    ScorerTls,
 )
 from semhealth.embeddings.scorer_service import ScorerServer, serve_scorer
 from tests.embeddings.certs import Pki, make_pki
@@ -47,7 +47,7 @@ TOKEN = "s3cret-token-8f2a"
 
 @asynccontextmanager
 async def guarded(
-    minilm: LocalBackend, *, credentials: Any = None, guard: Guard | None = None
+    minilm: LocalBackend, *, credentials: Any = None, guard: ScorerGuard | None = None
 ) -> AsyncIterator[ScorerServer]:
     batcher = MicroBatcher(minilm, Batching(flush_timeout_s=0.002))
     await batcher.start()
@@ -81,7 +81,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 async def test_tls_serves_a_client_that_trusts_the_ca(
     minilm: LocalBackend, pki: Pki, reference: Vectors
 ) -> None:
-    tls = ServerTls(cert_file=pki.server.cert, key_file=pki.server.key)
+    tls = ScorerTls(cert_file=pki.server.cert, key_file=pki.server.key)
     async with guarded(minilm, credentials=tls.credentials()) as server:
         got = await embed_with(server, TEXTS, credentials=tls_credentials(pki.ca))
         # A name the certificate carries, asked for explicitly.
@@ -99,7 +99,7 @@ async def test_tls_refuses_a_client_that_does_not_trust_the_certificate(
     minilm: LocalBackend, pki: Pki, tmp_path: Path
 ) -> None:
     stranger = make_pki(tmp_path, "another CA")
-    tls = ServerTls(cert_file=pki.server.cert, key_file=pki.server.key)
+    tls = ScorerTls(cert_file=pki.server.cert, key_file=pki.server.key)
     async with guarded(minilm, credentials=tls.credentials()) as server:
         with pytest.raises(BackendError, match="UNAVAILABLE"):
             await embed_with(server, TEXTS[:1], credentials=tls_credentials(stranger.ca))
@@ -109,7 +109,7 @@ async def test_tls_refuses_a_client_that_does_not_trust_the_certificate(
 async def test_mutual_tls_takes_only_clients_with_a_certificate_of_its_ca(
     minilm: LocalBackend, pki: Pki, tmp_path: Path
 ) -> None:
-    tls = ServerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
+    tls = ScorerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
     sidecar = pki.client(tmp_path, "sidecar-a")
     stranger = make_pki(tmp_path, "another CA").client(tmp_path, "intruder")
     async with guarded(minilm, credentials=tls.credentials()) as server:
@@ -127,7 +127,7 @@ async def test_mutual_tls_takes_only_clients_with_a_certificate_of_its_ca(
 def test_unreadable_tls_files_are_named_not_printed(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere.pem")
     with pytest.raises(OSError, match=r"--tls-key-file .*nowhere\.pem"):
-        ServerTls(cert_file=missing, key_file=missing).credentials()
+        ScorerTls(cert_file=missing, key_file=missing).credentials()
     not_pem = tmp_path / "key.txt"
     not_pem.write_text("the private key would be here")
     with pytest.raises(OSError, match=r"tls\.ca_file .*not a PEM file") as caught:
@@ -144,7 +144,7 @@ async def test_a_bearer_token_is_required_and_checked(
     minilm: LocalBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    async with guarded(minilm, guard=Guard(token=TOKEN)) as server:
+    async with guarded(minilm, guard=ScorerGuard(token=TOKEN)) as server:
         assert (await embed_with(server, TEXTS[:2], token=TOKEN)).shape == (2, 384)
         refused = []
         for settings in ({}, {"token": "wrong-token"}):
@@ -182,8 +182,8 @@ def test_a_client_token_that_cannot_be_sent_is_refused_unprinted() -> None:
 
 
 async def test_calls_over_the_size_limits_are_refused_as_permanent(minilm: LocalBackend) -> None:
-    limits = Limits(max_texts_per_call=3, max_bytes_per_call=400)
-    async with guarded(minilm, guard=Guard(limits=limits)) as server:
+    limits = ScorerLimits(max_texts_per_call=3, max_bytes_per_call=400)
+    async with guarded(minilm, guard=ScorerGuard(limits=limits)) as server:
         assert (await embed_with(server, TEXTS[:3])).shape == (3, 384)
         with pytest.raises(BackendError, match=r"4 texts in one call; .* at most 3") as many:
             await embed_with(server, TEXTS[:4])
@@ -207,8 +207,8 @@ class Clock:
 
 async def test_each_caller_has_its_own_rate(minilm: LocalBackend) -> None:
     clock = Clock()
-    limits = Limits(caller_texts_per_s=2.0, caller_burst_texts=4)
-    async with guarded(minilm, guard=Guard(limits=limits, clock=clock)) as server:
+    limits = ScorerLimits(caller_texts_per_s=2.0, caller_burst_texts=4)
+    async with guarded(minilm, guard=ScorerGuard(limits=limits, clock=clock)) as server:
         # No token is required here, so each presented one names its caller.
         assert (await embed_with(server, TEXTS[:4], token="caller-a")).shape == (4, 384)
         with pytest.raises(ScorerOverloaded) as caught:
@@ -230,10 +230,10 @@ async def test_each_caller_has_its_own_rate(minilm: LocalBackend) -> None:
 async def test_callers_with_client_certificates_are_told_apart_by_subject(
     minilm: LocalBackend, pki: Pki, tmp_path: Path
 ) -> None:
-    tls = ServerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
-    limits = Limits(caller_texts_per_s=0.001, caller_burst_texts=3)
+    tls = ScorerTls(cert_file=pki.server.cert, key_file=pki.server.key, client_ca_file=pki.ca)
+    limits = ScorerLimits(caller_texts_per_s=0.001, caller_burst_texts=3)
     a, b = pki.client(tmp_path, "sidecar-a"), pki.client(tmp_path, "sidecar-b")
-    guard = Guard(limits=limits)
+    guard = ScorerGuard(limits=limits)
     async with guarded(minilm, credentials=tls.credentials(), guard=guard) as server:
         for pair in (a, b):
             credentials = tls_credentials(pki.ca, pair.cert, pair.key)
@@ -245,7 +245,7 @@ async def test_callers_with_client_certificates_are_told_apart_by_subject(
 
 
 def test_limits_that_cannot_work_are_named() -> None:
-    problems = Limits(max_texts_per_call=0, caller_texts_per_s=-1).validate()
+    problems = ScorerLimits(max_texts_per_call=0, caller_texts_per_s=-1).validate()
     assert problems == [
         "max texts per call must be at least 1, not 0",
         "the caller rate must be 0 or more, not -1",

@@ -161,7 +161,7 @@ async def test_a_scorer_that_sheds_or_misses_the_deadline_counts_as_dropped(
             held = await fill_the_queue(server, gated, batcher)
         url = f"127.0.0.1:{server.port}"
         config = scorer_config(
-            tmp_path, url, enabled="true", upstream_url=upstream.url, timeout_s=0.5
+            tmp_path, url, enabled="true", upstream_url=upstream.url, timeout_s=1.5
         )
         async with agent_on(config) as agent, aiohttp.ClientSession() as session:
             query, context = RELEVANT[0]

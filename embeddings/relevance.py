@@ -34,9 +34,9 @@ from numpy.typing import ArrayLike
 from semhealth.embeddings._text import CJK, CJK_CLASS
 from semhealth.embeddings.backend import Embedder
 from semhealth.embeddings.batcher import MicroBatcher
+from semhealth.embeddings.config import POOLINGS, Config
 
 DEFAULT_TOP_K = 3
-POOLINGS = ("mean", "max", "softmax")
 # A word: one CJK character (Chinese has no spaces; a character is about a word's meaning),
 # or a run of other non-space characters.
 _WORD = re.compile(f"{CJK_CLASS}|[^\\s\u3000-\u303f\uff01-\uff0f{CJK_CLASS[1:-1]}]+")
@@ -53,9 +53,20 @@ class ContextRule:
     top_k: int = DEFAULT_TOP_K  # pooled similarities: the top k (mean); the rest are ignored
     pooling: str = "max"  # mean: of the top k; max: the best one; softmax: weighted mean of all
     temperature: float = 0.05  # softmax: lower leans on the best chunk, higher on the mean
-    window_words: int = 96  # a chunk longer than this is cut into windows; 0: never
-    overlap_words: int = 24  # words two neighbouring windows share
-    max_windows: int = 0  # embed only the windows sharing most words with the query; 0: all
+    window_words: int = 64  # a chunk longer than this is cut into windows; 0: never
+    overlap_words: int = 16  # words two neighbouring windows share
+    max_windows: int = 16  # embed only the windows sharing most words with the query; 0: all
+
+    @classmethod
+    def of(cls, config: Config) -> ContextRule:
+        """The rule an embeddings config sets (``relevance.pooling``, ``window_words`` ...)."""
+        return cls(
+            top_k=config.top_k,
+            pooling=config.pooling,
+            window_words=config.window_words,
+            overlap_words=config.overlap_words,
+            max_windows=config.max_windows,
+        )
 
     def validate(self) -> list[str]:
         problems = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from semhealth.embeddings.config import Config
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.relevance import (
     ContextRule,
@@ -119,3 +120,19 @@ async def test_selection_embeds_only_the_windows_it_keeps(minilm: LocalBackend) 
         "six seven reset nine ten",
         "eleven twelve password reset now",
     ]
+
+
+def test_the_config_sets_the_rule_and_names_a_bad_setting() -> None:
+    config = Config(pooling="softmax", window_words=32, overlap_words=8, max_windows=4, top_k=2)
+    rule = ContextRule.of(config)
+    assert (rule.pooling, rule.window_words, rule.overlap_words, rule.max_windows, rule.top_k) == (
+        "softmax",
+        32,
+        8,
+        4,
+        2,
+    )
+    assert ContextRule.of(Config()) == ContextRule()
+    issues = Config(pooling="median", window_words=8, overlap_words=8, max_windows=-1).validate()
+    assert {issue.path for issue in issues} == {"pooling", "overlap_words", "max_windows"}
+    assert any("max, mean, softmax" in issue.fix for issue in issues)

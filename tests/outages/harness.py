@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import itertools
 import os
 import signal
 import sys
@@ -35,10 +36,11 @@ PIECES = ("The ", "answer ", "is ", "forty-two.")
 EXPECTED = "".join(PIECES)
 
 
-def env() -> dict[str, str]:
-    """A clean environment: no stray SEMHEALTH_*/OTEL_* setting changes what is tested."""
+def env(relevance: bool = False) -> dict[str, str]:
+    """A clean environment: no stray SEMHEALTH_*/OTEL_* setting changes what is tested.
+    Relevance is off unless asked for: loading a model costs seconds."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("SEMHEALTH_", "OTEL_"))}
-    return {**keep, "SEMHEALTH_RELEVANCE__ENABLED": "false"}
+    return keep if relevance else {**keep, "SEMHEALTH_RELEVANCE__ENABLED": "false"}
 
 
 @dataclass
@@ -70,7 +72,9 @@ class Sidecar:
 
 
 @contextlib.asynccontextmanager
-async def sidecar(workdir: Path, config: str, *args: str) -> AsyncIterator[Sidecar]:
+async def sidecar(
+    workdir: Path, config: str, *args: str, relevance: bool = False
+) -> AsyncIterator[Sidecar]:
     """``semhealth run`` on ``config`` (YAML; ``@PROXY@`` and ``@ADMIN@`` are filled in),
     ready; stopped with SIGTERM at the end, which must exit 0."""
     proxy, admin = free_port(), free_port()
@@ -82,7 +86,7 @@ async def sidecar(workdir: Path, config: str, *args: str) -> AsyncIterator[Sidec
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "semhealth.agent.cli", "run", "--config", str(path), *args,
-            env=env(), stderr=stderr,
+            env=env(relevance), stderr=stderr,
         )  # fmt: skip
     running = Sidecar(process, f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{admin}", log)
     try:
@@ -128,13 +132,21 @@ class Traffic:
 
     url: str
     pause_s: float = 0.02
+    # A new question each time: the sidecar caches embeddings, so repeated texts would be
+    # scored without asking the encoder at all.
+    vary: bool = False
     ok: int = 0
     wrong: list[str] = field(default_factory=list)  # what was wrong with each bad answer
 
     async def run(self) -> None:
-        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "q?"}]}
         async with aiohttp.ClientSession() as client:
-            while True:
+            for sent in itertools.count():
+                question = f"question {sent}?" if self.vary else "q?"
+                body = {
+                    "model": "m",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": question}],
+                }
                 try:
                     async with client.post(self.url + "/v1/chat/completions", json=body) as r:
                         raw = await r.read()
@@ -170,8 +182,8 @@ class Traffic:
 
 
 @contextlib.asynccontextmanager
-async def flowing(url: str) -> AsyncIterator[Traffic]:
-    traffic = Traffic(url)
+async def flowing(url: str, *, vary: bool = False) -> AsyncIterator[Traffic]:
+    traffic = Traffic(url, vary=vary)
     task = asyncio.create_task(traffic.run())
     try:
         await eventually(traffic.answered(3))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from semhealth.agent._config_checks import route_issues
-from semhealth.agent._config_document import Document, Path, overlaps, parse_path, read_file
+from semhealth.agent._config_document import Document, Path, overlaps, parse_path
 from semhealth.agent._config_env import apply_env, apply_overrides
 from semhealth.agent._config_model import (
     OTLP,
@@ -27,8 +27,11 @@ from semhealth.agent._config_model import (
     Alerts,
     Config,
     DataPlane,
+    Evaluation,
+    Forward,
     Listen,
     Log,
+    OTLPReceiver,
     Relevance,
     Telemetry,
     Timeouts,
@@ -36,6 +39,7 @@ from semhealth.agent._config_model import (
 )
 from semhealth.agent._config_otel import apply_otel_env, resolve_endpoint
 from semhealth.agent._config_schema import schema_issues, schema_text
+from semhealth.agent._config_yaml import read_limited
 from semhealth.agent.errors import ConfigIssue
 from semhealth.collectors import config as collectors_config
 from semhealth.collectors.config import Extract, Route
@@ -52,7 +56,7 @@ def load(
 ) -> tuple[Config, list[ConfigIssue]]:
     """The configuration and every issue found, sorted by where they are in the file."""
     schema: dict[str, Any] = orjson.loads(schema_text())
-    doc = Document() if path is None else read_file(path)
+    doc = Document() if path is None else read_limited(path)
     # An unreadable file leaves nothing worth judging the meaning of.
     bad: list[Path] = [()] if doc.issues else []
     apply_otel_env(doc, env)
@@ -177,8 +181,20 @@ def _build(data: dict[str, Any], env: Mapping[str, str]) -> tuple[Config, list[t
         telemetry=_build_telemetry(_section(data, "telemetry")),
         relevance=_build_relevance(_section(data, "relevance"), env),
         alerts=_build_alerts(_section(data, "alerts")),
+        otlp_receiver=_build_receiver(_section(data, "otlp_receiver")),
     )
     return config, routes if "routes" in data else []
+
+
+def _build_receiver(receiver: dict[str, Any]) -> OTLPReceiver:
+    forward = _section(receiver, "forward")
+    return _fill(
+        OTLPReceiver(),
+        receiver,
+        **_addresses({k: v for k, v in receiver.items() if k in ("grpc_listen", "http_listen")}),
+        forward=_fill(Forward(), forward, headers=_pairs(_section(forward, "headers"), lower=True)),
+        evaluation=_fill(Evaluation(), _section(receiver, "evaluation")),
+    )
 
 
 def _addresses(listen: dict[str, Any]) -> dict[str, Address]:
@@ -217,7 +233,7 @@ def _build_alerts(alerts: dict[str, Any]) -> Alerts:
         # A rule entry the schema rejected is None here (see _without): load_rules() reports
         # it at its index, which the loader then drops as already said.
         rules=tuple(rules) if isinstance(rules, list) else (),
-        rule_files=tuple(alerts.get("rule_files", ())),
+        rule_files=tuple(f for f in alerts.get("rule_files", ()) if isinstance(f, str)),
         alertmanager=_fill(
             Alertmanager(),
             _section(alerts, "alertmanager"),

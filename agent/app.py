@@ -14,20 +14,26 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
 
-from semhealth.agent.admin import build_admin_app
+from semhealth.agent.admin import (
+    AdminAccess,
+    AdminGate,
+    build_admin_app,
+    observe_auth_failures,
+    start_site,
+)
 from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.health import Health
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.config import Address, Config
 from semhealth.agent.contracts import attach_contracts
-from semhealth.agent.dataplane.relay import Relay, RelayStats
-from semhealth.agent.dataplane.settings import upstream_settings
+from semhealth.agent.dataplane.relay import ListenSettings, Relay, RelayStats
+from semhealth.agent.dataplane.settings import listen_settings, upstream_settings
 from semhealth.agent.errors import ConfigError, RelevanceStartError
 from semhealth.agent.otlp.evaluation import (
     EvaluationEmitter,
@@ -36,9 +42,14 @@ from semhealth.agent.otlp.evaluation import (
     relevance_threshold,
     settings_from_config,
 )
-from semhealth.agent.recorder import RecorderSettings
+from semhealth.agent.otlp.intake import Intake, intake_settings
+from semhealth.agent.recorder import Recorder, RecorderSettings
 from semhealth.agent.relevance import RelevanceStage, plan_relevance
 from semhealth.agent.relevance import Settings as RelevanceSettings
+from semhealth.agent.replay.recording import Recording, observe_recording
+from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.shadow.live import Shadow, ShadowSettings, shadow_from_config
+from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
 from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
 from semhealth.agent.telemetry import OTLPSettings, Telemetry
 from semhealth.agent.telemetry import Settings as TelemetrySettings
@@ -73,6 +84,14 @@ class Settings:
     # A background task died (Health): the analysis process stops here so that it is
     # started again whole; None (one process): /readyz answers 503 from then on.
     on_background_failure: Callable[[str], None] | None = None
+    # The admin listener's web config (TLS, basic auth) and /alerts; in the analysis
+    # process the forwarder's admin front applies them instead.
+    admin: AdminAccess = field(default_factory=AdminAccess)
+    listen: ListenSettings | None = None  # the relay's timeouts and limits; None: config's
+    # ``semhealth run --record FILE``: every analysed exchange, written in the replay format.
+    record: RecordSettings | None = None
+    # Live shadowing to a candidate upstream; None: the configuration's ``shadow:``, if any.
+    shadow: ShadowSettings | None = None
 
 
 def telemetry_settings(config: Config) -> TelemetrySettings:
@@ -178,7 +197,7 @@ class Agent:
             else None
         )
         self.telemetry = Telemetry(
-            self._settings.telemetry or telemetry_settings(config),
+            self._telemetry_settings(),
             tap_stats=stats,
             active_streams=self._active_streams,
             relevance_stats=lambda: self.relevance.stats if self.relevance is not None else None,
@@ -186,28 +205,95 @@ class Agent:
             consume_sample=alerting.observe if alerting is not None else None,
             alerting_stats=alerting.stats if alerting is not None else lambda: None,
             background_failures=lambda: dict(self.health.failures),
+            otlp_stats=lambda: self.intake.stats if self.intake is not None else None,
         )
         self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
+        record = self._settings.record
+        self.recording = (
+            None
+            if record is None
+            else Recording(
+                record, max_exchange_bytes=config.collectors.limits.max_response_bytes + 1
+            )
+        )
+        if self.recording is not None:
+            meter = self.telemetry.provider.get_meter("semhealth.agent")
+            observe_recording(meter, self.recording.stats)
+        collectors = attach_contracts(config.collectors)
+        self.shadow = self._build_shadow(collectors)
         self.tap = Tap(
-            attach_contracts(config.collectors),
+            collectors,
             self._consume_record,
             stats=stats,
             observe_analysis=self.telemetry.observe_analysis,
             on_task_failure=self.health.reporter("tap"),
+            tee=self.recording,
+            on_open=self.shadow.on_open if self.shadow is not None else None,
         )
         in_process = self._settings.tap_socket is None
         # In one process the relay counts the requests it rejects straight into the tap's
         # stats; forwarders report theirs over the wire.
         relay_stats = RelayStats(rejected=stats.requests_rejected)
+        listen = self._settings.listen or listen_settings(config)
+        # Without an upstream (an OTLP receiver alone) there is nothing to proxy.
+        proxied = in_process and config.upstream.url is not None
         self.proxy = (
-            Relay(upstream_settings(config), self.tap, stats=relay_stats) if in_process else None
+            Relay(upstream_settings(config), self.tap, listen=listen, stats=relay_stats)
+            if proxied
+            else None
         )
+        # OTLP input: its records join the proxy's, through the same consumers.
+        self.intake = (
+            Intake(
+                intake_settings(config.otlp_receiver),
+                self._consume_record,
+                collectors=collectors,
+                on_task_failure=self.health.reporter("otlp"),
+            )
+            if config.otlp_receiver.enabled
+            else None
+        )
+        # Loaded now: a bad web config stops start-up before anything listens.
+        self.admin_gate = AdminGate(self._settings.admin)
+        if self._settings.admin_socket is None:  # else the front counts and exports these
+            observe_auth_failures(self.telemetry.provider, self.admin_gate)
         self.receiver = None if in_process else TapReceiver(self.tap)
         self._proxy_listening = False
         self._admin_runner: web.BaseRunner | None = None
         self._ready = False
         self.proxy_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+
+    def _shadow_settings(self) -> ShadowSettings | None:
+        """The code's settings, else the configuration's ``shadow:`` block, else off."""
+        block = getattr(self._config, "shadow", None)
+        return self._settings.shadow or shadow_from_config(block)
+
+    def _telemetry_settings(self) -> TelemetrySettings:
+        settings = self._settings.telemetry or telemetry_settings(self._config)
+        if self._shadow_settings() is None:
+            return settings
+        # Shadowing: what the client got is variant="primary", beside the candidate's "shadow".
+        return replace(settings, recorder=replace(settings.recorder, variant="primary"))
+
+    def _build_shadow(self, collectors: Any) -> Shadow | None:
+        """Live shadowing, its metrics on the agent's meter, and a recorder that writes the
+        candidate's own records with ``variant="shadow"`` (never fed to the alerts)."""
+        settings = self._shadow_settings()
+        if settings is None:
+            return None
+        recorder = replace(self._telemetry_settings().recorder, variant="shadow")
+        shadow_recorder = Recorder(self.telemetry.instruments, recorder)
+        shadow = Shadow(
+            settings,
+            collectors,
+            scorer=lambda: self.relevance.scorer if self.relevance is not None else None,
+            record_shadow=shadow_recorder.consume_record,
+            record_shadow_scores=shadow_recorder.record_relevance,
+            observe_pair=PairMetrics(self.telemetry.instruments).observe,
+        )
+        observe_shadow(self.telemetry.provider.get_meter("semhealth.agent"), shadow.stats)
+        return shadow
 
     def _active_streams(self) -> int:
         if self.proxy is not None:
@@ -304,7 +390,7 @@ class Agent:
     @property
     def admin_url(self) -> str:
         assert self.admin_address is not None, "agent not started"
-        return _url(self.admin_address)
+        return _url(self.admin_address, self.admin_gate.scheme)
 
     def ready(self) -> bool:
         return self._ready and not self.health.failed
@@ -314,11 +400,18 @@ class Agent:
             self.telemetry.start()
             await self._start_relevance()
             self._start_evaluation()
+            if self.recording is not None:
+                self.recording.start()
+            if self.shadow is not None:
+                await self.shadow.start()
+                # Last: a primary record joins its shadow after every other consumer saw it.
+                self._consumers = (*self._consumers, self.shadow.consume_record)
             await self.tap.start()
             admin = build_admin_app(
                 ready=self.ready,
                 render_metrics=self.telemetry.render_prometheus,
                 render_alerts=self.alerting.status_json if self.alerting is not None else None,
+                gate=self.admin_gate,
             )
             self._admin_runner = web.AppRunner(
                 admin, access_log=None, handle_signals=False, shutdown_timeout=1.0
@@ -327,7 +420,10 @@ class Agent:
                 assert self._settings.tap_socket is not None
                 await self.receiver.start(self._settings.tap_socket)
             self.admin_address = await _listen(
-                self._admin_runner, self._config.listen.admin, self._settings.admin_socket
+                self._admin_runner,
+                self._config.listen.admin,
+                self._settings.admin_socket,
+                self.admin_gate,
             )
             if self.alerting is not None:
                 alerts = self._config.alerts
@@ -339,6 +435,9 @@ class Agent:
                         base,
                     )
                 await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
+            if self.intake is not None:
+                await self.intake.start()
+                self._log_receiver()
             if self.proxy is not None:
                 listen = self._config.listen.proxy
                 self._proxy_listening = True
@@ -355,6 +454,21 @@ class Agent:
                 self.admin_url,
             )
 
+    def _log_receiver(self) -> None:
+        assert self.intake is not None
+        receiver = self.intake.receiver
+        listening = [
+            f"{name} {_url(address)}"
+            for name, address in (("gRPC", receiver.grpc_address), ("HTTP", receiver.http_address))
+            if address is not None
+        ]
+        forward = self._config.otlp_receiver.forward.endpoint
+        log.info(
+            "semhealth OTLP receiver listening: %s; forwarding to %s",
+            ", ".join(listening),
+            forward or "nowhere (otlp_receiver.forward.endpoint is not set)",
+        )
+
     async def shutdown(self) -> None:
         """Stop intake, let open exchanges finish within the deadline, flush analysis."""
         self._ready = False
@@ -369,6 +483,10 @@ class Agent:
                 log.error("shutdown of %s failed: %r", name, exc)
                 errors.append(exc)
 
+        if self.intake is not None:
+            # OTLP intake stops first: its queued spans become records for the stages below,
+            # and the next hop gets what is queued for it.
+            await step("otlp receiver", self.intake.shutdown(self._settings.shutdown_timeout_s / 3))
         if self.receiver is not None:
             # Forwarders stop first; what they sent is already queued in the tap.
             await step("tap receiver", self.receiver.shutdown())
@@ -378,6 +496,14 @@ class Agent:
             drain_s = self._settings.shutdown_timeout_s * 0.6
             await step("proxy listener", self.proxy.shutdown(drain_s))
         await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
+        if self.shadow is not None:
+            # After the tap (its last primaries join), before relevance (agreement scores).
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("shadow", self.shadow.shutdown(remaining / 3))
+        if self.recording is not None:
+            # After the tap: its last exchanges are in the writer's queue.
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("recording", asyncio.to_thread(self.recording.close, remaining / 2))
         # After the tap: its last records may still be handed to the stage.
         await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
         if self.evaluation is not None:
@@ -391,6 +517,7 @@ class Agent:
         admin_runner, self._admin_runner = self._admin_runner, None
         if admin_runner is not None:
             await step("admin listener", admin_runner.cleanup())
+        self.admin_gate.close()
         # The final OTLP export blocks; keep it off the loop and inside the deadline.
         remaining = max(deadline - time.monotonic(), 0.1)
         await step("telemetry", asyncio.to_thread(self.telemetry.shutdown, remaining))
@@ -399,20 +526,17 @@ class Agent:
 
 
 async def _listen(
-    runner: web.BaseRunner, address: Address, unix_path: str | None = None
+    runner: web.BaseRunner, address: Address, unix_path: str | None, gate: AdminGate
 ) -> tuple[str, int]:
     await runner.setup()
     if unix_path is not None:
         await web.UnixSite(runner, unix_path).start()
         return address.host, address.port  # the forwarder's admin front listens there
-    host, port = address.host, address.port
-    await web.TCPSite(runner, host, port, reuse_address=True).start()
-    bound = runner.addresses[-1]  # the bound port matters when 0 was asked for
-    return bound[0], bound[1]
+    return await start_site(runner, address.host, address.port, gate)
 
 
-def _url(address: tuple[str, int]) -> str:
+def _url(address: tuple[str, int], scheme: str = "http") -> str:
     host, port = address
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"

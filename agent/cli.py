@@ -1,5 +1,5 @@
-"""``semhealth`` command line: run, demo, score, calibrate, scorer, config check/schema,
-rules export/defaults.
+"""``semhealth`` command line: run, demo, score, calibrate, scorer, replay, diff, config
+check/schema, rules export/defaults.
 
 ``score``, ``calibrate`` and ``scorer`` read only the ``relevance:`` section of the
 configuration and build the same scorer as the sidecar. They import the embedding
@@ -33,6 +33,8 @@ from semhealth.agent.config import (
     schema_text,
 )
 from semhealth.agent.errors import ConfigIssue, SemhealthError
+from semhealth.agent.replay import cli as replay_cli
+from semhealth.agent.shadow import cli as diff_cli
 from semhealth.alerts.errors import AlertsError
 from semhealth.embeddings.errors import EmbeddingError
 
@@ -54,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run the sidecar proxy in front of one upstream")
+    run = commands.add_parser(
+        "run", help="run the sidecar: a proxy in front of one upstream, an OTLP receiver, or both"
+    )
     config_file = run.add_mutually_exclusive_group()
     config_file.add_argument("--config", metavar="FILE", help="YAML configuration file")
     config_file.add_argument(
@@ -64,7 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
         "sidecar whose ConfigMap is not in its namespace still starts, and says so)",
     )
     _add_listen_flags(run)
-    run.add_argument("--upstream", metavar="URL", help="upstream base URL (overrides the file)")
+    run.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="upstream base URL (overrides the file; may be left out when an OTLP receiver "
+        "listens, for an agent without a proxy)",
+    )
+    run.add_argument(
+        "--otlp-grpc-listen",
+        metavar="HOST:PORT",
+        help="OTLP/gRPC receiver address (overrides otlp_receiver.grpc_listen)",
+    )
+    run.add_argument(
+        "--otlp-http-listen",
+        metavar="HOST:PORT",
+        help="OTLP/HTTP receiver address (overrides otlp_receiver.http_listen)",
+    )
     run.add_argument(
         "--workers",
         metavar="N|auto",
@@ -77,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="forward and analyse in one process (for debugging; the default runs analysis "
         "in a process of its own so it can never delay forwarding)",
     )
+    replay_cli.add_record_flags(run)
+    _add_hardening_flags(run)
 
     demo = commands.add_parser(
         "demo", help="the sidecar in front of a built-in simulated LLM, with live traffic"
@@ -189,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("prometheus",), default="prometheus")
     export.add_argument("-o", "--output", default="-", metavar="OUT", help="YAML, - for stdout")
     rules_commands.add_parser("defaults", help="print the shipped default rules (YAML)")
+    replay_cli.add_parser(commands)
+    diff_cli.add_parser(commands)
     _add_kube_parsers(commands)
     return parser
 
@@ -249,6 +272,40 @@ def _add_injection_flags(parser: argparse.ArgumentParser, *, image_required: boo
     )
 
 
+def _add_hardening_flags(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--web-config-file",
+        metavar="FILE",
+        help="TLS and basic auth for the admin port, in Prometheus exporter-toolkit's web.yml "
+        "format; /healthz and /readyz stay open",
+    )
+    run.add_argument(
+        "--no-alerts-endpoint",
+        action="store_true",
+        help="answer /alerts on the admin port with 404",
+    )
+    run.add_argument(
+        "--max-client-connections",
+        type=_limit,
+        metavar="N",
+        help="client connections per forwarding process; past it a new one gets 503 "
+        "too_many_connections (default: no limit)",
+    )
+    run.add_argument(
+        "--max-upstream-requests",
+        type=_limit,
+        metavar="N",
+        help="requests upstream at once per forwarding process; past it 503 "
+        "upstream_concurrency_limit (default: no limit)",
+    )
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0: no limit)")
+    return int(text)
+
+
 def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", metavar="HOST:PORT", help="proxy listen address")
     parser.add_argument(
@@ -273,6 +330,8 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
         "log.level": args.log_level,
         "alerts.alertmanager.urls": args.alertmanager,
         "dataplane.workers": _workers_flag(getattr(args, "workers", None)),
+        "otlp_receiver.grpc_listen": getattr(args, "otlp_grpc_listen", None),
+        "otlp_receiver.http_listen": getattr(args, "otlp_http_listen", None),
     }
     return {key: value for key, value in pairs.items() if value is not None}
 
@@ -313,13 +372,26 @@ async def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, os.environ, overrides(args))
     setup_logging(config.log.level)
     warn_missing_config(args)
-    if args.in_process:
+    # A --record file that cannot be written stops start-up here, said plainly.
+    replay_cli.check_record_file(args)
+    from semhealth.agent.dataplane.settings import hardening
+    from semhealth.agent.webconfig import validate_web_config
+
+    limits = hardening(args)
+    if limits.web_config_file is not None:
+        validate_web_config(limits.web_config_file)  # before anything starts
+    if args.in_process or config.upstream.url is None:
+        # No upstream (an OTLP receiver alone): no proxy, so no forwarding processes to keep
+        # analysis away from; the agent serves the receiver and the admin port itself.
         return await _run_in_process(args, config)
     from semhealth.agent.dataplane.forwarder import Forwarder, resolve_workers
     from semhealth.agent.dataplane.settings import forwarder_settings
 
     settings = forwarder_settings(
-        config, workers=resolve_workers(config.dataplane.workers), run_args=tuple(args.run_args)
+        config,
+        workers=resolve_workers(config.dataplane.workers),
+        run_args=tuple(args.run_args),
+        limits=limits,
     )
     forwarder = Forwarder(settings)
     # Signals first: a stop while the analysis process loads its models is a clean stop.
@@ -341,9 +413,20 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _run_in_process(args: argparse.Namespace, config: Config) -> int:
-    from semhealth.agent.app import Agent
+    from semhealth.agent.admin import AdminAccess
+    from semhealth.agent.app import Agent, Settings
+    from semhealth.agent.dataplane.settings import hardening, listen_settings
 
-    agent = Agent(config)
+    limits = hardening(args)
+    access = AdminAccess(
+        web_config_file=limits.web_config_file, alerts_endpoint=limits.alerts_endpoint
+    )
+    settings = Settings(
+        record=replay_cli.record_settings(args),
+        admin=access,
+        listen=listen_settings(config, limits),
+    )
+    agent = Agent(config, settings)
     await agent.start()
     reloads: set[asyncio.Task[None]] = set()  # held until done, so none is collected early
 
@@ -736,6 +819,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rules(args)
         if args.command == "inject":
             return _inject(args)
+        if args.command == "replay":
+            return replay_cli.main(args)
+        if args.command == "diff":
+            return diff_cli.main(args)
         commands = {
             "run": _run,
             "demo": _demo,

@@ -103,7 +103,7 @@ SPECS = (
          _SEMANTIC, buckets.RELEVANCE),
     Spec("semantic_health_requests", "counter", "",
          "Exchanges relayed, by status class and error type (429s split by X-RateLimit-Source).",
-         (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, STATUS_CLASS, ERROR_TYPE, VARIANT)),
+         (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, SOURCE, STATUS_CLASS, ERROR_TYPE, VARIANT)),
     # --- live shadowing's pair measures (counters: semhealth.agent.shadow.metrics) ----------
     Spec("semantic_health_shadow_token_distance", "histogram", "",
          "Normalised token edit distance (0..1) between the primary's and the candidate's "

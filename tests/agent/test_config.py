@@ -839,8 +839,9 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         **{
             f"remote.{k}": v
             for k, v in dataclasses.asdict(encoder.remote).items()
-            if k != "api_key"
+            if k not in ("api_key", "tls")
         },
+        **{f"remote.tls.{k}": v for k, v in dataclasses.asdict(encoder.remote.tls).items()},
         **{f"batching.{k}": v for k, v in dataclasses.asdict(encoder.batching).items()},
     }
     return {

@@ -116,6 +116,7 @@ def test_the_label_table_knows_the_metrics_with_route_and_model() -> None:
         "route",
         "result",
         "reason",
+        "variant",
     )
     assert "gen_ai_request_model" in (
         labels_of("gen_ai_server_time_to_first_token_seconds_bucket") or ()

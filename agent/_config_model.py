@@ -8,7 +8,7 @@ neither imports the other.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -240,6 +240,9 @@ class Telemetry:
     otlp: OTLP = field(default_factory=OTLP)
     validity_window_s: float = 300  # rolling window of model_output_validity_rate
     max_label_values: int = 100  # per label; values past this fold into "other"
+    # The variant label on every semantic and GenAI series (canary, stable, a pod-template
+    # hash); None or empty: no label. Injection fills it from the pod.
+    variant: str | None = None
 
     def validate(self) -> list[ConfigIssue]:
         issues = []
@@ -462,6 +465,89 @@ class OTLPReceiver:
         return issues
 
 
+# -- live shadowing (semhealth.agent.shadow) --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tolerances:
+    """How far the candidate may be from the primary and still pass. Each is judged on the
+    conservative end of its interval, so a verdict needs enough pairs to be sure."""
+
+    max_token_distance: float = 0.5  # mean normalised token edit distance
+    min_agreement: float = 0.8  # mean semantic agreement of the answers
+    max_ttft_ratio: float = 1.2  # candidate TTFT over primary TTFT, mean of the pair ratios
+    max_error_rate: float = 0.01  # share of pairs where the candidate failed
+    min_pairs: int = 30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShadowUpstream:
+    """The candidate: fixed by configuration, like the primary upstream."""
+
+    url: str
+    tls: TLS = field(default_factory=TLS)
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(total_s=300.0))
+    # Sent with every shadow request (the candidate's API key, say). The client's own
+    # headers are not copied by the relay and are never forwarded to the candidate.
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiffLog:
+    """The opt-in diff log. It holds prompt-free but answer TEXT: off unless configured."""
+
+    path: str
+    max_bytes: int = 10 * 1024 * 1024  # then it stops writing (counted), never rotates
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShadowSettings:
+    upstream: ShadowUpstream
+    rewrite_model: str | None = None  # ``rewrite: {model: ...}``: the JSON body's model
+    routes: tuple[str, ...] = ()  # collectors route names; none configured: nothing shadowed
+    sample_rate: float = 0.05
+    max_per_minute: int = 60
+    max_concurrent: int = 4
+    max_body_bytes: int = 1024 * 1024
+    methods: tuple[str, ...] = ("POST",)
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    tokenizer: str | None = None  # a tokenizer.json: distances in the candidate's tokens
+    diff_log: DiffLog | None = None
+    join_timeout_s: float = 900.0  # how long one side waits for its partner
+    max_waiting: int = 1000  # exchanges being shadowed or waiting for their partner
+    window_pairs: int = 2000  # /shadow summarises at most this many recent pairs ...
+    window_s: float = 3600.0  # ... from at most this far back
+
+    def validate(self) -> list[ConfigIssue]:
+        """Issues, each naming its key under ``shadow``; empty when the settings can run."""
+        issues = []
+        if not self.upstream.url.lower().startswith(("http://", "https://")):
+            issues.append(
+                ConfigIssue(
+                    "upstream.url",
+                    f"the candidate's URL {self.upstream.url!r} is not http(s)",
+                    "give the candidate's base URL, e.g. http://candidate:8000",
+                )
+            )
+        if not 0.0 <= self.sample_rate <= 1.0:
+            issues.append(
+                ConfigIssue("sample_rate", "sample_rate must be between 0 and 1", "e.g. 0.05")
+            )
+        for name in ("max_per_minute", "max_concurrent", "max_body_bytes", "max_waiting"):
+            if getattr(self, name) < 1:
+                issues.append(ConfigIssue(name, f"{name} must be at least 1", "e.g. 4"))
+        for name in ("join_timeout_s", "window_s"):
+            if getattr(self, name) <= 0:
+                issues.append(ConfigIssue(name, f"{name} must be positive", "e.g. 900"))
+        if not self.methods:
+            issues.append(ConfigIssue("methods", "name at least one method", "POST is the default"))
+        if self.diff_log is not None and self.diff_log.max_bytes < 1:
+            issues.append(
+                ConfigIssue("diff_log.max_bytes", "max_bytes must be at least 1", "e.g. 10485760")
+            )
+        return issues
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     upstream: Upstream = field(default_factory=Upstream)
@@ -473,6 +559,7 @@ class Config:
     relevance: Relevance = field(default_factory=Relevance)
     alerts: Alerts = field(default_factory=Alerts)
     otlp_receiver: OTLPReceiver = field(default_factory=OTLPReceiver)
+    shadow: ShadowSettings | None = None  # None: no shadowing
 
     def validate(self) -> list[ConfigIssue]:
         # A receiver-only agent runs no proxy, so it needs no upstream.
@@ -488,6 +575,7 @@ class Config:
             + checks.under("alerts", self.alerts.validate())
             + checks.under("otlp_receiver", self.otlp_receiver.validate())
             + checks.under("otlp_receiver", self._receiver_clashes())
+            + (checks.under("shadow", self.shadow.validate()) if self.shadow else [])
         )
 
     def _receiver_clashes(self) -> list[ConfigIssue]:

@@ -30,7 +30,7 @@ from semhealth.agent.alerting import AlertingStage
 from semhealth.agent.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.health import Health
 from semhealth.agent.analysis.receiver import TapReceiver
-from semhealth.agent.config import Address, Config
+from semhealth.agent.config import Address, Config, ShadowSettings
 from semhealth.agent.contracts import attach_contracts
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, RelayStats
 from semhealth.agent.dataplane.settings import listen_settings, upstream_settings
@@ -48,7 +48,7 @@ from semhealth.agent.relevance import RelevanceStage, plan_relevance
 from semhealth.agent.relevance import Settings as RelevanceSettings
 from semhealth.agent.replay.recording import Recording, observe_recording
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.agent.shadow.live import Shadow, ShadowSettings, shadow_from_config
+from semhealth.agent.shadow.live import Shadow
 from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
 from semhealth.agent.tap import ConsumeRecord, Tap, TapStats
 from semhealth.agent.telemetry import OTLPSettings, Telemetry
@@ -114,6 +114,7 @@ def telemetry_settings(config: Config) -> TelemetrySettings:
         recorder=RecorderSettings(
             validity_window_s=telemetry.validity_window_s,
             max_label_values=telemetry.max_label_values,
+            variant=telemetry.variant or None,
         ),
     )
 
@@ -266,14 +267,14 @@ class Agent:
 
     def _shadow_settings(self) -> ShadowSettings | None:
         """The code's settings, else the configuration's ``shadow:`` block, else off."""
-        block = getattr(self._config, "shadow", None)
-        return self._settings.shadow or shadow_from_config(block)
+        return self._settings.shadow or self._config.shadow
 
     def _telemetry_settings(self) -> TelemetrySettings:
         settings = self._settings.telemetry or telemetry_settings(self._config)
-        if self._shadow_settings() is None:
+        if self._shadow_settings() is None or settings.recorder.variant is not None:
             return settings
-        # Shadowing: what the client got is variant="primary", beside the candidate's "shadow".
+        # Shadowing: what the client got is variant="primary", beside the candidate's "shadow"
+        # (a configured variant, a canary's say, stays the primary's).
         return replace(settings, recorder=replace(settings.recorder, variant="primary"))
 
     def _build_shadow(self, collectors: Any) -> Shadow | None:

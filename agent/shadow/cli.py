@@ -125,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, compared: Compared) -> int:
     import orjson
 
-    from semhealth.agent.shadow.stats import Tolerances
+    from semhealth.agent.config import Tolerances
     from semhealth.agent.shadow.summary import as_json, summarise, table
 
     for problem in compared.problems:

@@ -43,19 +43,18 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
-from semhealth.agent.config import TLS, Timeouts
+from semhealth.agent.config import DiffLog, ShadowSettings, ShadowUpstream
 from semhealth.agent.relevance import RecordScores, eligibility
 from semhealth.agent.shadow.diff import Segmenter, default_segmenter, tokenizer_segmenter
 from semhealth.agent.shadow.offline import rewrite_model, send_request
 from semhealth.agent.shadow.pairs import PairResult, agreement, compare
-from semhealth.agent.shadow.stats import Tolerances
 from semhealth.agent.shadow.summary import as_json, summarise
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import Exchange, StreamRecord, match_route
@@ -64,110 +63,6 @@ from semhealth.embeddings import EmbeddingError, Overloaded, Scorer
 log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShadowUpstream:
-    """The candidate: fixed by configuration, like the primary upstream."""
-
-    url: str
-    tls: TLS = field(default_factory=TLS)
-    timeouts: Timeouts = field(default_factory=lambda: Timeouts(total_s=300.0))
-    # Sent with every shadow request (the candidate's API key, say). The client's own
-    # headers are not copied by the relay and are never forwarded to the candidate.
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiffLog:
-    """The opt-in diff log. It holds prompt-free but answer TEXT: off unless configured."""
-
-    path: str
-    max_bytes: int = 10 * 1024 * 1024  # then it stops writing (counted), never rotates
-
-
-_DIFF_LOG_MAX_BYTES = DiffLog(path="").max_bytes
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShadowSettings:
-    upstream: ShadowUpstream
-    rewrite_model: str | None = None  # ``rewrite: {model: ...}``: the JSON body's model
-    routes: tuple[str, ...] = ()  # collectors route names; none configured: nothing shadowed
-    sample_rate: float = 0.05
-    max_per_minute: int = 60
-    max_concurrent: int = 4
-    max_body_bytes: int = 1024 * 1024
-    methods: tuple[str, ...] = ("POST",)
-    tolerances: Tolerances = field(default_factory=Tolerances)
-    tokenizer: str | None = None  # a tokenizer.json: distances in the candidate's tokens
-    diff_log: DiffLog | None = None
-    join_timeout_s: float = 900.0  # how long one side waits for its partner
-    max_waiting: int = 1000  # exchanges being shadowed or waiting for their partner
-    window_pairs: int = 2000  # /shadow summarises at most this many recent pairs ...
-    window_s: float = 3600.0  # ... from at most this far back
-
-    def validate(self) -> list[str]:
-        """Problems, each naming the ``shadow.`` key; empty when the settings can run."""
-        problems = []
-        if not self.upstream.url.lower().startswith(("http://", "https://")):
-            problems.append("shadow.upstream.url: must start with http:// or https://")
-        if not 0.0 <= self.sample_rate <= 1.0:
-            problems.append("shadow.sample_rate: must be between 0 and 1")
-        for name in ("max_per_minute", "max_concurrent", "max_body_bytes", "max_waiting"):
-            if getattr(self, name) < 1:
-                problems.append(f"shadow.{name}: must be at least 1")
-        for name in ("join_timeout_s", "window_s"):
-            if getattr(self, name) <= 0:
-                problems.append(f"shadow.{name}: must be positive")
-        if not self.methods:
-            problems.append("shadow.methods: name at least one method (POST is the default)")
-        if self.diff_log is not None and self.diff_log.max_bytes < 1:
-            problems.append("shadow.diff_log.max_bytes: must be at least 1")
-        return problems
-
-
-def shadow_from_config(block: Any) -> ShadowSettings | None:
-    """``ShadowSettings`` from the configuration's ``shadow:`` block (attributes named as the
-    YAML keys: ``upstream.{url,tls,timeouts,headers}``, ``rewrite.model``, ``routes``, ...);
-    None when there is no block or it names no candidate URL."""
-    upstream = getattr(block, "upstream", None)
-    if upstream is None or getattr(upstream, "url", None) is None:
-        return None
-    rewrite = getattr(block, "rewrite", None)
-    tolerances = getattr(block, "tolerances", None)
-    diff_log = getattr(block, "diff_log", None)
-    defaults = ShadowSettings(upstream=ShadowUpstream(url=upstream.url))
-    plain = {
-        name: getattr(block, name, getattr(defaults, name))
-        for name in (
-            "sample_rate", "max_per_minute", "max_concurrent", "max_body_bytes", "tokenizer",
-            "join_timeout_s", "max_waiting", "window_pairs", "window_s",
-        )
-    }  # fmt: skip
-    return ShadowSettings(
-        upstream=ShadowUpstream(
-            url=upstream.url,
-            tls=getattr(upstream, "tls", None) or TLS(),
-            timeouts=getattr(upstream, "timeouts", None) or defaults.upstream.timeouts,
-            headers=dict(getattr(upstream, "headers", None) or {}),
-        ),
-        rewrite_model=getattr(rewrite, "model", None),
-        routes=tuple(getattr(block, "routes", ()) or ()),
-        methods=tuple(getattr(block, "methods", None) or defaults.methods),
-        tolerances=Tolerances(
-            **{
-                name: getattr(tolerances, name, getattr(defaults.tolerances, name))
-                for name in Tolerances.__dataclass_fields__
-            }
-        ),
-        diff_log=None
-        if diff_log is None
-        else DiffLog(
-            path=diff_log.path, max_bytes=getattr(diff_log, "max_bytes", _DIFF_LOG_MAX_BYTES)
-        ),
-        **plain,
-    )
 
 
 # --------------------------------------------------------------------------- counters
@@ -266,7 +161,7 @@ class Shadow:
     ) -> None:
         problems = settings.validate()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(f"shadow.{issue}" for issue in problems))
         self._settings = settings
         self._collectors = collectors
         self._routes = frozenset(settings.routes)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from semhealth.agent.config import Tolerances
+
 
 @dataclass(frozen=True, slots=True)
 class Interval:
@@ -45,18 +47,6 @@ def bootstrap_mean(
     tail = (1.0 - confidence) / 2
     low, high = np.quantile(means, [tail, 1.0 - tail])
     return Interval(mean, float(low), float(high), int(data.size), confidence)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Tolerances:
-    """How far the candidate may be from the primary and still pass. Each is judged on the
-    conservative end of its interval, so a verdict needs enough pairs to be sure."""
-
-    max_token_distance: float = 0.5  # mean normalised token edit distance
-    min_agreement: float = 0.8  # mean semantic agreement of the answers
-    max_ttft_ratio: float = 1.2  # candidate TTFT over primary TTFT, mean of the pair ratios
-    max_error_rate: float = 0.01  # share of pairs where the candidate failed
-    min_pairs: int = 30
 
 
 @dataclass(frozen=True, slots=True)

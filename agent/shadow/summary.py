@@ -9,8 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from semhealth.agent.config import Tolerances
 from semhealth.agent.shadow.pairs import PairResult
-from semhealth.agent.shadow.stats import Interval, Tolerances, Verdict, bootstrap_mean, judge
+from semhealth.agent.shadow.stats import Interval, Verdict, bootstrap_mean, judge
 
 WORST = 5  # exchange ids of the most different pairs, per route
 

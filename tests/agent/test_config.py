@@ -29,9 +29,12 @@ from semhealth.agent.config import (
     ConfigError,
     ConfigIssue,
     DataPlane,
+    DiffLog,
     Listen,
     Log,
     Relevance,
+    ShadowSettings,
+    ShadowUpstream,
     Telemetry,
     Timeouts,
     Upstream,
@@ -431,7 +434,7 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
     assert issues == [
         f"{path}:2:1: 'base' is not a setting (fix: remove it; the settings"
         " here are: upstream, listen, dataplane, routes, limits, analysis, log, telemetry,"
-        " relevance, alerts, otlp_receiver)"
+        " relevance, alerts, otlp_receiver, shadow)"
     ]
 
 
@@ -784,6 +787,7 @@ def test_schema_defaults_match_default_config() -> None:
         "telemetry.resource_attributes": dict(config.telemetry.resource_attributes),
         "telemetry.validity_window_s": config.telemetry.validity_window_s,
         "telemetry.max_label_values": config.telemetry.max_label_values,
+        "telemetry.variant": config.telemetry.variant,
         **{
             f"telemetry.otlp.{k}": v
             for k, v in dataclasses.asdict(config.telemetry.otlp).items()
@@ -797,8 +801,28 @@ def test_schema_defaults_match_default_config() -> None:
         "routes[].contract": None,
         **_relevance_defaults(config.relevance),
         **_alerts_defaults(config.alerts),
+        **_shadow_defaults(),
     }
     assert defaults == code
+
+
+def _shadow_defaults() -> dict[str, object]:
+    """The schema's defaults under shadow:, as ShadowSettings has them (off by default)."""
+    shadow = ShadowSettings(upstream=ShadowUpstream(url=""))
+    upstream = shadow.upstream
+    return {
+        **{f"shadow.{k}": v for k, v in dataclasses.asdict(shadow).items()
+           if k not in ("upstream", "rewrite_model", "routes", "methods", "tolerances")},
+        "shadow.rewrite.model": shadow.rewrite_model,
+        "shadow.routes": list(shadow.routes),
+        "shadow.methods": list(shadow.methods),
+        "shadow.diff_log.max_bytes": DiffLog(path="").max_bytes,
+        "shadow.upstream.headers": dict(upstream.headers),
+        **{f"shadow.upstream.tls.{k}": v for k, v in dataclasses.asdict(upstream.tls).items()},
+        **{f"shadow.upstream.timeouts.{k}": v
+           for k, v in dataclasses.asdict(upstream.timeouts).items()},
+        **{f"shadow.tolerances.{k}": v for k, v in dataclasses.asdict(shadow.tolerances).items()},
+    }  # fmt: skip
 
 
 def _alerts_defaults(alerts: Alerts) -> dict[str, object]:
@@ -898,11 +922,15 @@ def test_public_names_are_pinned() -> None:
             "Config",
             "ConfigError",
             "ConfigIssue",
+            "DiffLog",
             "Listen",
             "Log",
             "Relevance",
+            "ShadowSettings",
+            "ShadowUpstream",
             "Telemetry",
             "Timeouts",
+            "Tolerances",
             "Upstream",
             "check_config_file",
             "default_config",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,12 +129,6 @@ def test_the_injected_pod_validates_strictly(extra: dict[str, str]) -> None:
         kubernetes_validate.validate(pod, version, strict=True)
 
 
-def _schema_has_variant() -> bool:
-    schema = json.loads((Path(__file__).parents[3] / "agent" / "config.schema.json").read_text())
-    return "variant" in schema["properties"]["telemetry"]["properties"]
-
-
-@pytest.mark.skipif(not _schema_has_variant(), reason="telemetry.variant is not in the schema yet")
 def test_the_env_the_kubelet_fills_in_loads_as_telemetry_variant() -> None:
     env = _sidecar_env(_injected(_argo_pod_template(INJECT)))
     # The kubelet resolves the fieldRef against the Pod's labels at container start.
@@ -144,4 +137,4 @@ def test_the_env_the_kubelet_fills_in_loads_as_telemetry_variant() -> None:
         "['rollouts-pod-template-hash']"
     )
     config = load_config(None, environ, {"upstream.url": "http://127.0.0.1:8000"})
-    assert config.telemetry.variant == HASH  # type: ignore[attr-defined]
+    assert config.telemetry.variant == HASH

@@ -19,10 +19,9 @@ import orjson
 import pytest
 
 from semhealth.agent.app import Agent, Settings
-from semhealth.agent.config import Timeouts
-from semhealth.agent.shadow.live import ShadowSettings, ShadowStats, ShadowUpstream
+from semhealth.agent.config import ShadowSettings, ShadowUpstream, Timeouts, Tolerances
+from semhealth.agent.shadow.live import ShadowStats
 from semhealth.agent.shadow.pairs import PairResult
-from semhealth.agent.shadow.stats import Tolerances
 from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings import LocalBackend

@@ -10,24 +10,24 @@ import os
 import stat
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import aiohttp
 import orjson
 import pytest
 
-from semhealth.agent.config import TLS, Timeouts
-from semhealth.agent.dataplane.sink import Outcome
-from semhealth.agent.shadow.live import (
+from semhealth.agent.config import (
+    TLS,
+    ConfigError,
     DiffLog,
-    Shadow,
     ShadowSettings,
     ShadowUpstream,
-    TokenBucket,
-    shadow_from_config,
+    Timeouts,
+    Tolerances,
+    load_config,
 )
+from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.shadow.live import Shadow, TokenBucket
 from semhealth.agent.shadow.offline import send_request
-from semhealth.agent.shadow.stats import Tolerances
 from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.agent.tap import Tap
 from semhealth.collectors import Exchange, StreamRecord
@@ -57,10 +57,10 @@ def test_bad_settings_are_refused_naming_the_key() -> None:
     settings = ShadowSettings(
         upstream=ShadowUpstream(url="ftp://x"), sample_rate=2.0, max_concurrent=0
     )
-    problems = settings.validate()
-    assert any(p.startswith("shadow.upstream.url") for p in problems)
-    assert any(p.startswith("shadow.sample_rate") for p in problems)
-    assert any(p.startswith("shadow.max_concurrent") for p in problems)
+    problems = [str(issue) for issue in settings.validate()]
+    assert any(p.startswith("upstream.url") for p in problems)
+    assert any(p.startswith("sample_rate") for p in problems)
+    assert any(p.startswith("max_concurrent") for p in problems)
     with pytest.raises(ValueError, match=r"shadow\.sample_rate"):
         Shadow(settings, agent_config("http://127.0.0.1:1").collectors)
 
@@ -191,26 +191,27 @@ async def test_a_failing_open_hook_is_counted_and_the_stream_still_analysed() ->
     assert [record.output_text for record in records] == ["ok"]
 
 
-def test_settings_come_from_the_configuration_block_with_defaults_for_the_rest() -> None:
-    tls = TLS(verify=False)
-    block = SimpleNamespace(
-        upstream=SimpleNamespace(
-            url="https://candidate:8443",
-            tls=tls,
-            timeouts=Timeouts(connect_s=2, read_s=30, total_s=60),
-            headers={"Authorization": "Bearer c"},
-        ),
-        rewrite=SimpleNamespace(model="m2"),
-        routes=["chat_completions"],
-        sample_rate=0.25,
-        tolerances=SimpleNamespace(min_agreement=0.9),
-        diff_log=SimpleNamespace(path="/var/lib/semhealth/diff.jsonl"),
+def test_the_yaml_shadow_block_becomes_the_settings(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow:\n"
+        "  upstream:\n"
+        "    url: https://candidate:8443\n"
+        "    tls: {verify: false}\n"
+        "    timeouts: {connect_s: 2, read_s: 30, total_s: 60}\n"
+        "    headers: {Authorization: Bearer c}\n"
+        "  rewrite: {model: m2}\n"
+        "  routes: [chat_completions]\n"
+        "  sample_rate: 0.25\n"
+        "  tolerances: {min_agreement: 0.9}\n"
+        "  diff_log: {path: /var/lib/semhealth/diff.jsonl}\n"
     )
-    settings = shadow_from_config(block)
+    settings = load_config(str(path), {}, {}).shadow
     assert settings is not None
     assert settings.upstream == ShadowUpstream(
         url="https://candidate:8443",
-        tls=tls,
+        tls=TLS(verify=False),
         timeouts=Timeouts(connect_s=2, read_s=30, total_s=60),
         headers={"Authorization": "Bearer c"},
     )
@@ -223,5 +224,15 @@ def test_settings_come_from_the_configuration_block_with_defaults_for_the_rest()
     assert settings.tolerances == Tolerances(min_agreement=0.9)
     assert settings.diff_log == DiffLog(path="/var/lib/semhealth/diff.jsonl")
     assert settings.validate() == []
-    assert shadow_from_config(None) is None
-    assert shadow_from_config(SimpleNamespace(upstream=SimpleNamespace(url=None))) is None
+    assert load_config(None, {}, {"upstream.url": "http://127.0.0.1:9"}).shadow is None
+
+
+def test_a_bad_shadow_block_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow: {upstream: {url: 'ftp://candidate'}, sample_rate: 0.5}\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_config(str(path), {}, {})
+    assert "shadow.upstream.url" in str(raised.value)

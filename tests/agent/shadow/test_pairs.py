@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from semhealth.agent.config import Tolerances
 from semhealth.agent.shadow.diff import default_segmenter
 from semhealth.agent.shadow.pairs import agreement, compare
-from semhealth.agent.shadow.stats import Tolerances, bootstrap_mean, judge
+from semhealth.agent.shadow.stats import bootstrap_mean, judge
 from semhealth.collectors import RequestFacts, StreamRecord, StructureRequest, ToolCall
 from semhealth.embeddings import LocalBackend, RelevanceScorer
 

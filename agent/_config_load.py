@@ -178,7 +178,11 @@ def _build(data: dict[str, Any], env: Mapping[str, str]) -> tuple[Config, list[t
             tls=_fill(TLS(), _section(upstream, "tls")),
             timeouts=_fill(Timeouts(), _section(upstream, "timeouts")),
         ),
-        listen=_fill(Listen(), {}, **_addresses(listen)),
+        listen=_fill(
+            Listen(),
+            {k: v for k, v in listen.items() if k not in ("proxy", "admin")},
+            **_addresses({k: v for k, v in listen.items() if k in ("proxy", "admin")}),
+        ),
         dataplane=_fill(DataPlane(), _section(data, "dataplane")),
         collectors=collectors,
         log=_fill(Log(), _section(data, "log")),

@@ -155,6 +155,9 @@ class Upstream:
 class Listen:
     proxy: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=8080))
     admin: Address = field(default_factory=lambda: Address(host="127.0.0.1", port=9464))
+    # Prometheus exporter-toolkit's web.yml (TLS, basic auth) for the admin port; None: open.
+    admin_web_config: str | None = None
+    admin_alerts_endpoint: bool = True  # False: /alerts answers 404
 
     def validate(self) -> list[ConfigIssue]:
         issues = checks.under("proxy", self.proxy.validate())
@@ -181,11 +184,19 @@ class DataPlane:
     header_timeout_s: float = 30.0
     keepalive_timeout_s: float = 75.0
     tap_buffer_bytes: int = 8 * 1024 * 1024
+    max_client_connections: int = 0  # per forwarding process; past it a marked 503; 0: none
+    max_upstream_requests: int = 0  # per forwarding process; past it a marked 503; 0: none
 
     def validate(self) -> list[ConfigIssue]:
-        return checks.positive("header_timeout_s", self.header_timeout_s) + checks.positive(
+        issues = checks.positive("header_timeout_s", self.header_timeout_s) + checks.positive(
             "keepalive_timeout_s", self.keepalive_timeout_s
         )
+        for name in ("max_client_connections", "max_upstream_requests"):
+            if getattr(self, name) < 0:
+                issues.append(
+                    ConfigIssue(name, f"{name} must be 0 (no limit) or more", "e.g. 1024")
+                )
+        return issues
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -323,6 +323,7 @@ def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides(args: argparse.Namespace) -> dict[str, object]:
+    no_alerts = getattr(args, "no_alerts_endpoint", False)
     pairs = {
         "upstream.url": getattr(args, "upstream", None),
         "listen.proxy": args.listen,
@@ -332,6 +333,10 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
         "dataplane.workers": _workers_flag(getattr(args, "workers", None)),
         "otlp_receiver.grpc_listen": getattr(args, "otlp_grpc_listen", None),
         "otlp_receiver.http_listen": getattr(args, "otlp_http_listen", None),
+        "listen.admin_web_config": getattr(args, "web_config_file", None),
+        "listen.admin_alerts_endpoint": False if no_alerts else None,
+        "dataplane.max_client_connections": getattr(args, "max_client_connections", None),
+        "dataplane.max_upstream_requests": getattr(args, "max_upstream_requests", None),
     }
     return {key: value for key, value in pairs.items() if value is not None}
 
@@ -377,7 +382,7 @@ async def _run(args: argparse.Namespace) -> int:
     from semhealth.agent.dataplane.settings import hardening
     from semhealth.agent.webconfig import validate_web_config
 
-    limits = hardening(args)
+    limits = hardening(config)
     if limits.web_config_file is not None:
         validate_web_config(limits.web_config_file)  # before anything starts
     if args.in_process or config.upstream.url is None:
@@ -417,7 +422,7 @@ async def _run_in_process(args: argparse.Namespace, config: Config) -> int:
     from semhealth.agent.app import Agent, Settings
     from semhealth.agent.dataplane.settings import hardening, listen_settings
 
-    limits = hardening(args)
+    limits = hardening(config)
     access = AdminAccess(
         web_config_file=limits.web_config_file, alerts_endpoint=limits.alerts_endpoint
     )

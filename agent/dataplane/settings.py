@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from semhealth.agent.config import Config
@@ -12,9 +11,9 @@ from semhealth.agent.dataplane.relay import ListenSettings, UpstreamSettings
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hardening:
-    """The admin lock-down and the connection limits, from ``semhealth run``'s flags until
-    the YAML has them (``listen.admin_web_config``, ``admin.alerts_endpoint``,
-    ``dataplane.max_client_connections``, ``dataplane.max_upstream_requests``)."""
+    """The admin lock-down and the connection limits (``listen.admin_web_config``,
+    ``listen.admin_alerts_endpoint``, ``dataplane.max_client_connections``,
+    ``dataplane.max_upstream_requests``; ``semhealth run``'s flags override them)."""
 
     web_config_file: str | None = None
     alerts_endpoint: bool = True
@@ -22,13 +21,13 @@ class Hardening:
     max_upstream_requests: int = 0  # per forwarding process; 0: no limit
 
 
-def hardening(args: argparse.Namespace) -> Hardening:
-    """From the ``run`` arguments (every process ``semhealth run`` starts parses the same)."""
+def hardening(config: Config) -> Hardening:
+    """From the configuration, the ``run`` flags already laid over it (``cli.overrides``)."""
     return Hardening(
-        web_config_file=getattr(args, "web_config_file", None),
-        alerts_endpoint=not getattr(args, "no_alerts_endpoint", False),
-        max_client_connections=getattr(args, "max_client_connections", None) or 0,
-        max_upstream_requests=getattr(args, "max_upstream_requests", None) or 0,
+        web_config_file=config.listen.admin_web_config,
+        alerts_endpoint=config.listen.admin_alerts_endpoint,
+        max_client_connections=config.dataplane.max_client_connections,
+        max_upstream_requests=config.dataplane.max_upstream_requests,
     )
 
 

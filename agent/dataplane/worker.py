@@ -22,7 +22,7 @@ async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
     config = load_config(run.config, os.environ, overrides(run))
     setup_logging(config.log.level)
     workers = resolve_workers(config.dataplane.workers)
-    settings = forwarder_settings(config, workers=workers, run_args=(), limits=hardening(run))
+    settings = forwarder_settings(config, workers=workers, run_args=(), limits=hardening(config))
     forwarder = Forwarder(settings, worker=own.worker, runtime_dir=os.path.dirname(own.tap_socket))
     return await serve_until_stopped(forwarder, own.parent)
 

@@ -779,6 +779,8 @@ def test_schema_defaults_match_default_config() -> None:
         },
         "listen.proxy": str(config.listen.proxy),
         "listen.admin": str(config.listen.admin),
+        "listen.admin_web_config": config.listen.admin_web_config,
+        "listen.admin_alerts_endpoint": config.listen.admin_alerts_endpoint,
         **{f"limits.{k}": v for k, v in dataclasses.asdict(config.collectors.limits).items()},
         **{f"analysis.{k}": v for k, v in dataclasses.asdict(config.collectors.analysis).items()},
         **{f"log.{k}": v for k, v in dataclasses.asdict(config.log).items()},
@@ -1689,3 +1691,34 @@ def test_a_bad_dataplane_setting_names_its_key(tmp_path: Path, setting: str, key
     path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{{setting}}}\n")
     issues = check_config_file(str(path), {})
     assert issues and all(issue.path.startswith(key) for issue in issues), issues
+
+
+def test_admin_lockdown_and_connection_limits_come_from_the_yaml(tmp_path: Path) -> None:
+    from semhealth.agent.cli import build_parser, overrides
+    from semhealth.agent.dataplane.settings import Hardening, hardening
+
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "listen: {admin_web_config: /etc/semhealth/web.yml, admin_alerts_endpoint: false}\n"
+        "dataplane: {max_client_connections: 512, max_upstream_requests: 64}\n"
+    )
+    assert hardening(load_config(str(path), {}, {})) == Hardening(
+        web_config_file="/etc/semhealth/web.yml",
+        alerts_endpoint=False,
+        max_client_connections=512,
+        max_upstream_requests=64,
+    )
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--config",
+            str(path),
+            "--max-client-connections",
+            "8",
+            "--web-config-file",
+            "w.yml",
+        ]
+    )
+    flagged = hardening(load_config(str(path), {}, overrides(args)))
+    assert (flagged.max_client_connections, flagged.web_config_file) == (8, "w.yml")

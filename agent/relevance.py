@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
 
 from semhealth.agent.config import Relevance
 from semhealth.collectors import StreamRecord
 from semhealth.embeddings import (
+    Backend,
     Config,
     EmbeddingError,
     Encoder,
@@ -32,6 +33,7 @@ from semhealth.embeddings import (
     RelevanceScores,
     Scorer,
     choose_encoders,
+    open_scorer,
     used_encoders,
 )
 
@@ -58,6 +60,22 @@ class RelevancePlan:
     def encoders(self) -> list[Encoder]:
         """The encoders that will score (none when scoring stays off)."""
         return [] if self.embeddings is None else used_encoders(self.embeddings)
+
+
+@contextlib.asynccontextmanager
+async def offline_scorer(
+    relevance: Relevance, backend: Backend | None = None
+) -> AsyncIterator[Scorer | str]:
+    """The configured relevance scorer for an offline run (replay, ``semhealth diff``), or
+    the reason there is none. ``backend`` replaces the configured encoder's (tests)."""
+    plan = plan_relevance(relevance, backend_given=backend is not None)
+    if plan.embeddings is None:
+        yield plan.off or "relevance is off"
+        return
+    async with open_scorer(
+        plan.embeddings, calibration_path=plan.calibration, backend=backend
+    ) as scorer:
+        yield scorer
 
 
 def plan_relevance(

@@ -14,11 +14,10 @@ first record to the last: each change of an alert's state is an ``AlertTransitio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,14 +35,14 @@ from semhealth.agent import metrics as m
 from semhealth.agent.config import Config
 from semhealth.agent.contracts import attach_contracts
 from semhealth.agent.recorder import Recorder, RecorderSettings, error_type
-from semhealth.agent.relevance import eligibility, plan_relevance
+from semhealth.agent.relevance import eligibility, offline_scorer
 from semhealth.agent.replay.inputs import ExchangeInput, Input, OTLPInput
 from semhealth.agent.replay.results import AlertTransition, InputProblem, RecordResult
 from semhealth.agent.telemetry import OTLPSettings, build_otlp_exporter
 from semhealth.alerts import Evaluator, Rule, Sample
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import StreamCollector, StreamRecord
-from semhealth.embeddings import Backend, EmbeddingError, Overloaded, RelevanceScores, open_scorer
+from semhealth.embeddings import Backend, EmbeddingError, Overloaded, RelevanceScores
 
 log = logging.getLogger(__name__)
 
@@ -189,18 +188,6 @@ class Scored:
     off: str | None = None  # why nothing was scored
 
 
-@contextlib.asynccontextmanager
-async def _scorer(config: Config, backend: Backend | None) -> AsyncIterator[Any]:
-    plan = plan_relevance(config.relevance, backend_given=backend is not None)
-    if plan.embeddings is None:
-        yield plan.off or "relevance is off"
-        return
-    async with open_scorer(
-        plan.embeddings, calibration_path=plan.calibration, backend=backend
-    ) as scorer:
-        yield scorer
-
-
 async def score_records(
     records: Sequence[Replayed],
     config: Config,
@@ -210,7 +197,7 @@ async def score_records(
 ) -> Scored:
     """Relevance of every eligible record, ``_SCORE_WINDOW`` at a time through the batcher."""
     scored = Scored()
-    async with _scorer(config, backend) as scorer:
+    async with offline_scorer(config.relevance, backend) as scorer:
         if isinstance(scorer, str):
             scored.off = scorer
             return scored

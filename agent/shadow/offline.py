@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urljoin
 
@@ -28,7 +27,7 @@ import orjson
 
 from semhealth.agent.config import Config
 from semhealth.agent.contracts import attach_contracts
-from semhealth.agent.relevance import plan_relevance
+from semhealth.agent.relevance import offline_scorer
 from semhealth.agent.replay.format import RecordedExchange
 from semhealth.agent.replay.inputs import ExchangeInput, read_file
 from semhealth.agent.replay.pipeline import exchange_record
@@ -37,7 +36,7 @@ from semhealth.agent.shadow.diff import Segmenter
 from semhealth.agent.shadow.pairs import PairResult, agreement, compare
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import Exchange, StreamCollector, StreamRecord
-from semhealth.embeddings import Backend, EmbeddingError, Overloaded, Scorer, open_scorer
+from semhealth.embeddings import Backend, EmbeddingError, Overloaded, Scorer
 
 Progress = Callable[[int], object]
 
@@ -188,19 +187,6 @@ async def ask_candidate(
 # --------------------------------------------------------------------------- the comparison
 
 
-@asynccontextmanager
-async def scorer_for(config: Config, backend: Backend | None) -> AsyncIterator[Scorer | str]:
-    """The configured relevance scorer, or the reason there is none."""
-    plan = plan_relevance(config.relevance, backend_given=backend is not None)
-    if plan.embeddings is None:
-        yield plan.off or "relevance is off"
-        return
-    async with open_scorer(
-        plan.embeddings, calibration_path=plan.calibration, backend=backend
-    ) as scorer:
-        yield scorer
-
-
 async def _with_agreement(
     pair: PairResult, primary: StreamRecord, shadow: StreamRecord, scorer: Scorer | str
 ) -> PairResult:
@@ -230,7 +216,7 @@ async def diff_recordings(
     ours = exchanges([primary_path], compared.problems)
     theirs = exchanges([shadow_path], compared.problems)
     joined, compared.unpaired = join_recordings(ours, theirs)
-    async with scorer_for(config, backend) as scorer:
+    async with offline_scorer(config.relevance, backend) as scorer:
         compared.relevance_off = scorer if isinstance(scorer, str) else None
         for first, second in joined:
             a, b = exchange_record(first, collectors), exchange_record(second, collectors)
@@ -256,7 +242,7 @@ async def diff_candidate(
     timeout = aiohttp.ClientTimeout(total=candidate.timeout_s)
     async with (
         aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session,
-        scorer_for(config, backend) as scorer,
+        offline_scorer(config.relevance, backend) as scorer,
     ):
         compared.relevance_off = scorer if isinstance(scorer, str) else None
 

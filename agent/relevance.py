@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
 
 from semhealth.agent.config import Relevance
+from semhealth.agent.tasks import finish_within
 from semhealth.collectors import StreamRecord
 from semhealth.embeddings import (
     Backend,
@@ -204,15 +205,7 @@ class RelevanceStage:
     async def shutdown(self, timeout_s: float = 2.0) -> None:
         """Stop taking records, let scores in flight finish within the deadline, cancel the rest."""
         self._accepting = False
-        tasks = set(self._tasks)
-        if not tasks:
-            return
-        _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_within(self._tasks, timeout_s)
 
 
 async def _score(

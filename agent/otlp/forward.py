@@ -31,6 +31,7 @@ import grpc  # type: ignore[import-untyped]
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from semhealth.agent.otlp.codec import PROTOBUF, SIGNALS, Signal
+from semhealth.agent.tasks import failure_reporter
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class NextHop:
             for n in range(self._settings.senders)
         ]
         for task in self._tasks:
-            task.add_done_callback(self._task_done)
+            task.add_done_callback(failure_reporter(self._on_task_failure, log, "OTLP forwarding"))
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Send what is queued within ``timeout_s`` (the next hop permitting), then stop;
@@ -202,16 +203,6 @@ class NextHop:
         while self._queue:
             self._drop(self._queue.popleft(), DROPPED_SHUTDOWN)
         await self._transport.close()
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        exc = task.exception()
-        assert exc is not None
-        if self._on_task_failure is not None:
-            self._on_task_failure(exc)
-        else:
-            log.error("OTLP forwarding task died with %s", type(exc).__name__)
 
     # -- sending ----------------------------------------------------------------------------
 

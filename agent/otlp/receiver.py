@@ -32,6 +32,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
 from semhealth.agent.otlp import codec
 from semhealth.agent.otlp.codec import JSON, METRICS, PROTOBUF, SIGNALS, TRACES, Signal
+from semhealth.agent.tasks import failure_reporter
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,9 @@ class Receiver:
                 asyncio.create_task(self._flush_periodically(), name="otlp-flush"),
             ]
             for task in self._tasks:
-                task.add_done_callback(self._task_done)
+                task.add_done_callback(
+                    failure_reporter(self._on_task_failure, log, "OTLP receiver")
+                )
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop listening (calls in flight get part of ``timeout_s``), analyse what is
@@ -160,16 +163,6 @@ class Receiver:
             while self._queue:
                 self._analyse_one(self._queue.popleft())
             self._guarded(lambda analysis: analysis.close(), None)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        exc = task.exception()
-        assert exc is not None
-        if self._on_task_failure is not None:
-            self._on_task_failure(exc)
-        else:
-            log.error("OTLP receiver task %s died with %s", task.get_name(), type(exc).__name__)
 
     # -- intake, shared by both transports --------------------------------------------------
 

@@ -56,6 +56,7 @@ from semhealth.agent.shadow.diff import Segmenter, default_segmenter, tokenizer_
 from semhealth.agent.shadow.offline import rewrite_model, send_request
 from semhealth.agent.shadow.pairs import PairResult, agreement, compare
 from semhealth.agent.shadow.summary import as_json, summarise
+from semhealth.agent.tasks import finish_within
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import Exchange, StreamRecord, match_route
 from semhealth.embeddings import EmbeddingError, Overloaded, Scorer
@@ -216,14 +217,7 @@ class Shadow:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
-        tasks = set(self._tasks)
-        if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await finish_within(self._tasks, timeout_s)
         for item in list(self._waiting.values()):
             self.stats.add_shed(item.route, "closed")
         self._waiting.clear()

@@ -176,3 +176,72 @@ async def test_the_diff_command_wants_two_recordings_or_a_candidate(tmp_path: Pa
     _, stderr = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 2
     assert b"give two recordings to compare, or --candidate URL" in stderr
+
+
+def _measures(pairs: Sequence[PairResult]) -> list[tuple[object, ...]]:
+    return sorted(
+        (
+            pair.result,
+            None if pair.tokens is None else round(pair.tokens.distance, 9),
+            None if pair.tokens is None else pair.tokens.first_divergence,
+            None if pair.json is None else pair.json.paths,
+        )
+        for pair in pairs
+    )
+
+
+async def test_diff_on_a_recording_gives_the_pair_measures_live_shadowing_gave(
+    tmp_path: Path,
+) -> None:
+    from semhealth.agent.config import ShadowSettings, ShadowUpstream, Timeouts
+
+    primary, candidate = answering(PARIS), answering(LYON)
+    await primary.start()
+    await candidate.start()
+    recording = tmp_path / "live.jsonl"
+    shadow = ShadowSettings(
+        upstream=ShadowUpstream(url=candidate.url + "/", timeouts=Timeouts(total_s=30.0)),
+        routes=("chat_completions",),
+        sample_rate=1.0,
+    )
+    agent = Agent(
+        agent_config(primary.url),
+        Settings(record=RecordSettings(path=str(recording)), shadow=shadow),
+    )
+    await agent.start()
+    try:
+        client = openai.AsyncOpenAI(base_url=agent.proxy_url + "/v1", api_key="k")
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="m",
+                messages=QUESTION,
+                stream=True,  # type: ignore[arg-type]
+            )
+            async for _chunk in stream:
+                pass
+        await client.chat.completions.create(
+            model="m",
+            messages=QUESTION,  # type: ignore[arg-type]
+            response_format={"type": "json_object"},
+        )
+        await client.close()
+        assert agent.shadow is not None
+        for _ in range(200):
+            if len(agent.shadow.recent_pairs()) >= 4:
+                break
+            await asyncio.sleep(0.05)
+        live = agent.shadow.recent_pairs()
+    finally:
+        await agent.shutdown()
+    try:
+        offline = await diff_candidate(
+            [str(recording)],
+            Candidate(url=candidate.url + "/v1"),
+            agent_config(primary.url),
+            SEGMENT,
+        )
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    assert len(live) == 4
+    assert _measures(offline.pairs) == _measures(live)

@@ -30,6 +30,14 @@ def load_contract(path: str) -> dict[str, Any]:
             raw = handle.read()
     except OSError as exc:
         raise ContractError(f"cannot read {path!r}: {exc.strerror}") from exc
+    if not path.endswith(".json"):
+        # The limits every YAML the agent reads passes before it is expanded (alias bombs).
+        # Imported here: the configuration checks load contracts, and _config_yaml is theirs.
+        from semhealth.agent._config_yaml import structure_issue
+
+        issue = structure_issue(raw.decode("utf-8", "replace"), path)
+        if issue is not None:
+            raise ContractError(f"{path!r}: {issue.message}")
     try:
         schema = orjson.loads(raw) if path.endswith(".json") else yaml.safe_load(raw)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:

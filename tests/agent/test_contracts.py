@@ -111,3 +111,13 @@ async def test_answers_breaking_the_contract_count_as_contract_failures(tmp_path
         if sample.name.endswith("_total")
     ]
     assert reasons == ["const"]
+
+
+def test_a_contract_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    bomb = tmp_path / "contract.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ContractError, match="expand to more than"):
+        load_contract(str(bomb))

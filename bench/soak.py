@@ -392,6 +392,11 @@ def report(
         f"{key.split('{', 1)[1].rstrip('}')}={value:.0f}" for key, value in shed.items()
     )
     print(f"shed by stage: {stages or 'none'}")
+    print(
+        f"streams shed by the tap {metrics.get('semhealth_streams_shed_total', 0):.0f}, "
+        f"tap wire resets {metrics.get('semhealth_tap_wire_resets_total', 0):.0f} "
+        "(analysis fell too far behind: the streams in flight were lost to it, never to clients)"
+    )
     print(f"relevance scored {metrics.get('semhealth_relevance_scored_total', 0):.0f}")
     print(f"OTLP exports received {receiver.exports} ({receiver.points} data points)")
     if probes_ns:

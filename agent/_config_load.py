@@ -47,6 +47,7 @@ from semhealth.agent._config_yaml import read_limited
 from semhealth.agent.errors import ConfigIssue
 from semhealth.collectors import config as collectors_config
 from semhealth.collectors.config import Extract, Route
+from semhealth.embeddings import PROFILES, resolve_profile
 from semhealth.embeddings import config as embeddings_config
 
 if TYPE_CHECKING:
@@ -288,6 +289,11 @@ def _build_relevance(relevance: dict[str, Any], env: Mapping[str, str]) -> Relev
         # A rejected item is None here (see _without); it is left out, its issue already said.
         else tuple(_build_encoder(item, env) for item in encoders if isinstance(item, dict)),
     )
+    profile = relevance.get("profile")
+    # Listed encoders win; an unknown profile is reported by Relevance.validate(). No
+    # profile keeps the encoders the agent has always defaulted to (fast's).
+    if not isinstance(encoders, list) and profile in PROFILES:
+        embeddings = resolve_profile(profile, None, embeddings)
     return _fill(Relevance(), relevance, embeddings=embeddings)
 
 

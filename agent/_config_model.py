@@ -17,6 +17,7 @@ from semhealth.agent.errors import ConfigIssue
 from semhealth.alerts import Rule, RuleError, load_rules
 from semhealth.collectors import config as collectors_config
 from semhealth.embeddings import config as embeddings_config
+from semhealth.embeddings import profile_issues
 
 ENV_PREFIX = "SEMHEALTH_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -297,10 +298,15 @@ class Relevance:
     sample_rate: float = 1.0  # share of eligible streams scored
     max_in_flight: int = 256  # streams scored at once; past this, shed and counted
     calibration: str | None = None  # a `semhealth calibrate` file; None: the shipped one
+    # fast | balanced | quality; None: the default encoders (fast's). Listed encoders win.
+    profile: str | None = None
     embeddings: embeddings_config.Config = field(default_factory=embeddings_config.default_config)
 
     def validate(self) -> list[ConfigIssue]:
-        issues: list[ConfigIssue] = []
+        issues = [
+            ConfigIssue("profile", issue.message, issue.fix)
+            for issue in profile_issues(self.profile)
+        ]
         if self.enabled != "auto" and not isinstance(self.enabled, bool):
             issues.append(
                 ConfigIssue(

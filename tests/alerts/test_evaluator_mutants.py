@@ -125,3 +125,10 @@ def test_a_rule_holds_at_most_max_groups_and_counts_the_rest() -> None:
     clock.feed(0.5, t=1.0, route="search", count=2)
     stats = clock.evaluator.stats
     assert (stats.groups, stats.groups_dropped) == (1, 2)
+
+
+def test_alerts_endpoint_says_when_rules_were_last_evaluated() -> None:
+    clock = Clock(RELEVANCE)
+    clock.at(15.0)
+    clock.at(30.0)
+    assert clock.evaluator.stats.last_evaluation_at == 30.0

@@ -132,3 +132,26 @@ def test_alerts_endpoint_says_when_rules_were_last_evaluated() -> None:
     clock.at(15.0)
     clock.at(30.0)
     assert clock.evaluator.stats.last_evaluation_at == 30.0
+
+
+def test_a_relative_rule_measures_a_one_percent_drop_within_its_finer_accuracy() -> None:
+    # Relative rules use 0.2 % sketches: at the plain rules' 1 % this drop measures as 0.
+    clock = Clock(REGRESSION)
+    values = [0.5 + i / 40 for i in range(41)]
+    for value in values:
+        clock.feed(value, t=1000.0)
+        clock.feed(value * 0.99, t=3800.0)
+    clock.at(NOW)
+    measured = clock.group().value
+    assert measured is not None
+    assert measured == pytest.approx(-0.01, abs=0.004)
+
+
+def test_every_sample_a_broken_rule_fails_on_is_counted() -> None:
+    class Exploding(Thresholds):
+        def for_value(self, value: str | None) -> float | None:
+            raise RuntimeError("a bug")
+
+    clock = Clock(replace(RELEVANCE, threshold=Exploding(label="route", values={})))
+    clock.feed(0.5, t=1.0, count=3)
+    assert clock.evaluator.stats.rule_failures == 3

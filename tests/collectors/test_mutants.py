@@ -68,3 +68,9 @@ def test_a_schema_that_fails_while_validating_is_schema_error_and_never_raises()
     depth = 400
     result = check("[" * depth + "]" * depth, {"items": {"$ref": "#"}})
     assert (result.result, result.reasons) == ("schema_error", ("validation_failed",))
+
+
+def test_a_record_cut_by_the_token_limit_is_truncated_not_syntax() -> None:
+    rec = record(StructureRequest(kind="json_object"), text='{"a": ', finish_reason="length")
+    (result,) = validate_record(rec, contract=None, cache=SchemaCache())
+    assert (result.result, result.target) == ("truncated", "content")

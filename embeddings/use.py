@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,15 +50,9 @@ class UseBackend:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads or available_cpus()
         # One thread: it loads the model and runs every call, one at a time, off the loop.
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-use")
-        try:
-            model = executor.submit(_load, self.threads).result()
-        except BaseException:
-            executor.shutdown(wait=False, cancel_futures=True)
-            raise
-        self._thread = ModelThread(
-            model,
-            executor,
+        self._thread = ModelThread.loading(
+            partial(_load, self.threads),
+            thread_name="semhealth-use",
             # Looked up per call, so the module's encoder is the one in force (tests swap it).
             encode=lambda loaded, texts: _encode(loaded, texts),
             translate=_translate,

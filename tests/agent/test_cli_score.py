@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -116,17 +117,42 @@ _SCORE_WITHOUT_LOCAL_EXTRA = (
 )
 
 
-def test_score_on_a_default_install_falls_back_to_use_and_says_so(tmp_path: Path) -> None:
+def _score_without_local_extra(tmp_path: Path, *options: str) -> tuple[str, dict[str, Any]]:
     source = write_jsonl(tmp_path / "in.jsonl", RECORDS[:1])
     out = tmp_path / "out.jsonl"
     result = subprocess.run(
-        [sys.executable, "-c", _SCORE_WITHOUT_LOCAL_EXTRA, "score", str(source), "-o", str(out)],
+        [
+            sys.executable,
+            "-c",
+            _SCORE_WITHOUT_LOCAL_EXTRA,
+            "score",
+            str(source),
+            "-o",
+            str(out),
+            *options,
+        ],
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "sentence-transformers is not installed" in result.stderr
     (scored,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    return result.stderr, scored
+
+
+def test_score_on_a_default_install_scores_with_e5_and_no_fallback(tmp_path: Path) -> None:
+    stderr, scored = _score_without_local_extra(tmp_path)
+    assert "is not installed" not in stderr
+    # A clear match: on the relevant side of the threshold.
+    assert scored["context_relevance_score"] > 0.75
+
+
+def test_score_of_the_fast_profile_without_the_local_extra_falls_back_to_use_and_says_so(
+    tmp_path: Path,
+) -> None:
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("relevance:\n  profile: fast\n")
+    stderr, scored = _score_without_local_extra(tmp_path, "--config", str(fast))
+    assert "sentence-transformers is not installed" in stderr
     # A clear match scores high with USE too.
     assert scored["context_relevance_score"] > 0.5

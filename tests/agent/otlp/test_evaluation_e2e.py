@@ -136,7 +136,12 @@ async def judged_stack(
     await upstream.start()
     records: list[StreamRecord] = []
     config = agent_config(
-        upstream.url, **{"relevance.enabled": True, **evaluation_overrides(receiver)}
+        upstream.url,
+        **{
+            "relevance.enabled": True,
+            "relevance.profile": "fast",
+            **evaluation_overrides(receiver),
+        },
     )
     agent = Agent(config, Settings(consumers=[records.append], embedding_backend=backend))
     try:

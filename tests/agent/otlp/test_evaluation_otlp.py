@@ -91,6 +91,7 @@ async def receiver_agent(
     overrides: dict[str, object] = {
         "listen.admin": "127.0.0.1:0",
         "relevance.enabled": True,
+        "relevance.profile": "fast",
         "otlp_receiver.grpc_listen": "127.0.0.1:0",
         "otlp_receiver.trace_wait_s": 0.2,
         "otlp_receiver.evaluation.enabled": True,

@@ -82,6 +82,7 @@ async def test_the_otlp_tap_sees_what_the_proxy_tap_sees(mode: str, minilm: Loca
         "listen.proxy": "127.0.0.1:0",
         "listen.admin": "127.0.0.1:0",
         "relevance.enabled": True,
+        "relevance.profile": "fast",
         "otlp_receiver.http_listen": "127.0.0.1:0",
         "otlp_receiver.trace_wait_s": 0.2,
         "otlp_receiver.route_attribute": "semhealth.route",

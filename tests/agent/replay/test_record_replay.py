@@ -76,6 +76,7 @@ def _config(upstream_url: str) -> Any:
         upstream_url,
         **{
             "relevance.enabled": True,
+            "relevance.profile": "fast",
             "alerts.default_rules": False,
             "alerts.rules": RULES,
             "alerts.evaluation_interval_s": 60,

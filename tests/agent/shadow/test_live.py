@@ -331,7 +331,7 @@ async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: Loc
         answering(PARIS),
         answering(LYON),
         shadow={"tolerances": tolerances},
-        config={"relevance.enabled": True},
+        config={"relevance.enabled": True, "relevance.profile": "fast"},
         backend=minilm,
     ) as run:
         client = run.client()

@@ -11,7 +11,7 @@ the hand-made labelled set `embeddings/data/relevance_pairs.jsonl` (English and 
   and irrelevant pairs, share of each at or above 0.75;
 - per kind of pair: medians, paraphrases at or above 0.75, unrelated pairs below it;
 - one multilingual model against routing (CJK text to a multilingual encoder, the rest to
-  all-MiniLM-L6-v2), raw and after a per-model logistic calibration fitted on `fit`.
+  all-MiniLM-L6-v2), raw and after the product's calibration fitted per model on `fit`.
 
     python bench/encoder_candidates.py               # 6-15 minutes on 2 cores, mostly e5
     python bench/encoder_candidates.py --quick       # one timing round, fewer short texts
@@ -49,6 +49,8 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 import orjson
+
+from semhealth.embeddings.calibration import fit_calibration, threshold_agreement
 
 DATA = Path(__file__).resolve().parent.parent / "embeddings" / "data" / "relevance_pairs.jsonl"
 THRESHOLD = 0.75
@@ -478,30 +480,10 @@ def auc_interval(scores: Floats, labels: npt.NDArray[np.int_], draws: int = 1000
     return f"{roc_auc(scores, labels):.3f} [{low:.2f}-{high:.2f}]"
 
 
-def fit_logistic(x: Floats, y: npt.NDArray[np.int_], ridge: float = 1.0) -> tuple[float, float]:
-    """p = sigmoid(a*x + b), fitted by Newton's method on standardised scores.
-
-    Standardising first makes one ridge suit every model: e5's cosines span 0.2 where
-    MiniLM's span 1.0. The ridge keeps the slope finite where a split separates perfectly.
-    """
-    mean, scale = float(x.mean()), float(x.std()) or 1.0
-    z = (x - mean) / scale
-    a, b = 1.0, 0.0
-    for _ in range(100):
-        p = 1 / (1 + np.exp(-(a * z + b)))
-        w = p * (1 - p)
-        grad = np.array([np.dot(p - y, z) + ridge * a, np.sum(p - y)])
-        hess = np.array([[np.dot(w, z * z) + ridge, np.dot(w, z)], [np.dot(w, z), np.sum(w)]])
-        step = np.linalg.solve(hess, grad)
-        a, b = a - float(step[0]), b - float(step[1])
-        if float(np.abs(step).max()) < 1e-9:
-            break
-    return a / scale, b - a * mean / scale
-
-
-def calibrate(x: Floats, params: tuple[float, float]) -> Floats:
-    a, b = params
-    return np.asarray(1 / (1 + np.exp(-(a * x + b))), dtype=np.float64)
+def calibrated(raw: Floats, labels: npt.NDArray[np.int_], fit: npt.NDArray[np.bool_]) -> Floats:
+    """``raw`` through the product's own calibration (Platt, even odds on 0.75), fitted on
+    ``fit``: the figures below are what ``semhealth calibrate`` would give."""
+    return fit_calibration(raw[fit], labels[fit]).apply(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,9 +504,7 @@ def _labels(pairs: Sequence[Pair]) -> npt.NDArray[np.int_]:
 
 
 def single_model(name: str, pairs: Sequence[Pair], raw: Floats) -> Scored:
-    fit = _mask(pairs, split="fit")
-    params = fit_logistic(raw[fit], _labels(pairs)[fit])
-    return Scored(name, raw, calibrate(raw, params))
+    return Scored(name, raw, calibrated(raw, _labels(pairs), _mask(pairs, split="fit")))
 
 
 def routed(name: str, pairs: Sequence[Pair], cjk: Floats, other: Floats) -> Scored:
@@ -536,11 +516,10 @@ def routed(name: str, pairs: Sequence[Pair], cjk: Floats, other: Floats) -> Scor
     to_cjk = np.array([bool(_CJK.search(p.query + p.context)) for p in pairs])
     raw = np.where(to_cjk, cjk, other)
     labels, fit = _labels(pairs), _mask(pairs, split="fit")
-    calibrated = np.empty_like(raw)
+    scores = np.empty_like(raw)
     for route in (to_cjk, ~to_cjk):
-        params = fit_logistic(raw[route & fit], labels[route & fit])
-        calibrated[route] = calibrate(raw[route], params)
-    return Scored(name, raw, calibrated)
+        scores[route] = calibrated(raw[route], labels[route], fit[route])
+    return Scored(name, raw, scores)
 
 
 # ---------------------------------------------------------------- report
@@ -680,6 +659,7 @@ def routing_table(pairs: Sequence[Pair], schemes: Sequence[Scored]) -> str:
                 _share(cal[held & (labels == 0)]),
                 _share(cal[held & _mask(pairs, kind="paraphrase")]),
                 _share(cal[held & _mask(pairs, kind="unrelated")], above=False),
+                *(f"{threshold_agreement(cal[m], labels[m]):.3f}" for m in by_lang),
             ]
         )
     header = [
@@ -692,6 +672,8 @@ def routing_table(pairs: Sequence[Pair], schemes: Sequence[Scored]) -> str:
         "cal. irrelevant >= 0.75",
         "cal. paraphrase >= 0.75",
         "cal. unrelated < 0.75",
+        "agreement at 0.75, en heldout",
+        "agreement at 0.75, zh heldout",
     ]
     return _table(header, rows)
 

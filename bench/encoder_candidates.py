@@ -685,9 +685,14 @@ def schemes_for(pairs: Sequence[Pair], outcomes: Sequence[Outcome]) -> list[Scor
         assert o.facts["ids"] == ids, "worker and parent read different data"
         raw[o.candidate.name] = np.array(o.facts["scores"], dtype=np.float64)
     schemes = [
-        single_model(_PROFILE_OF_SINGLE.get(name, "") + name, pairs, scores)
-        for name, scores in raw.items()
+        single_model(f"{name} (one calibration)", pairs, scores) for name, scores in raw.items()
     ]
+    # A profile that scores every request with one model calibrates it per script, as the
+    # product does (<model>.cjk.json for CJK requests).
+    for name, profile in _PROFILE_OF_SINGLE.items():
+        if name in raw:
+            label = f"{profile}{name}, calibrated per script"
+            schemes.append(routed(label, pairs, raw[name], raw[name]))
     english = raw.get("all-MiniLM-L6-v2")
     if english is not None:
         for o in outcomes:
@@ -740,7 +745,8 @@ def _result_tables(pairs: Sequence[Pair], ran: Sequence[Outcome]) -> list[str]:
         "## Raw cosine by kind of pair",
         kind_table(pairs, schemes[: len(ran)]),
         "",
-        "## One model or routing; logistic calibration per model, fitted on `fit`",
+        "## One model or routing; the product's calibration (even odds at 0.75) per model and "
+        "route, fitted on `fit`",
         routing_table(pairs, schemes),
     ]
 

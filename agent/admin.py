@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from semhealth.agent.telemetry import CONTENT_TYPE
+# Not semhealth.agent.telemetry's: that module brings the OpenTelemetry SDK, numpy and grpc
+# into the forwarding process, which imports this one for its admin front.
+from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
+
 from semhealth.agent.webconfig import (
     Authenticator,
     TokenBucket,
@@ -34,6 +36,8 @@ from semhealth.agent.webconfig import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, MeterProvider
+
     from semhealth.agent.dataplane.forwarder import Answer
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -125,6 +129,8 @@ def _with_headers(response: web.StreamResponse, config: WebConfig) -> web.Stream
 
 def observe_auth_failures(provider: MeterProvider, gate: AdminGate) -> None:
     """``semhealth_admin_auth_failures_total`` among the agent's metrics."""
+    # Here, not at the top: only the analysis process registers metrics.
+    from opentelemetry.metrics import Observation
 
     def callback(_options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(gate.failures)]

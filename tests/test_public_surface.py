@@ -133,3 +133,17 @@ def test_the_forwarding_process_imports_no_analysis_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_forwarders_admin_front_imports_aiohttp_and_no_analysis_dependency() -> None:
+    # Worker 0 fronts the admin port with an aiohttp app (password checks off the loop); it
+    # must not bring the OpenTelemetry SDK, numpy or grpc with it (semhealth.agent.telemetry
+    # once did: the forwarder held 84 MiB).
+    code = (
+        "import sys\n"
+        "import semhealth.agent.admin\n"
+        "heavy = ('numpy', 'opentelemetry', 'aiohttp', 'grpc', 'torch', 'tqdm', 'google')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['aiohttp']"

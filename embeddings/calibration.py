@@ -1,9 +1,10 @@
-"""Calibrated relevance: one encoder's raw cosine mapped to the probability of relevance.
+"""Calibrated relevance: one encoder's raw cosine mapped to a score whose 0.75 is even odds.
 
 Raw cosine means different things per model: all-MiniLM-L6-v2 puts many relevant English
 pairs below 0.75, multilingual-e5-small puts most irrelevant pairs above it. A calibration
-maps one encoder's cosine to the fitted probability that the context is relevant, so a
-calibrated 0.75 means the same for every encoder and the default alert threshold holds.
+maps one encoder's cosine to a score built from the fitted probability that the context is
+relevant, so a calibrated 0.75 means the same for every encoder and the default alert
+threshold holds.
 
 The map is Platt scaling, a logistic curve on the raw cosine::
 
@@ -28,9 +29,9 @@ where a context becomes more likely relevant than not on the labelled data. Read
 probability, a score is that of relevance when three contexts in four are relevant, as in
 a healthy service's traffic. Why: the threshold is a decision, so it must sit at the
 decision boundary. Left at "probability 0.75", it sat above it and called relevant pairs
-irrelevant: on the held-out and unseen sets agreement with the labels at 0.75 rose from
-0.856 to 0.876 (English) and 0.794 to 0.825 (Chinese) for e5, and for every other encoder
-(``bench/fit_calibration.py``, README "Calibration").
+irrelevant: on the held-out sets agreement with the labels at 0.75 rose from 0.856 to
+0.876 (English) and 0.794 to 0.825 (Chinese) for e5, and in all but one cell for the other
+encoders (USE's held-out Chinese fell; ``bench/fit_calibration.py``, README "Calibration").
 
 Each encoder's fitted calibration ships as ``calibrations/<encoder>.json``
 (``bench/fit_calibration.py`` refits them on ``data/relevance_pairs.jsonl``). A user refits

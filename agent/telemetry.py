@@ -350,6 +350,13 @@ class Telemetry:
         }
         for name, (read, description) in counters.items():
             meter.create_observable_counter(name, [_observe(read)], description=description)
+        # A gauge: the cache's memory grows with it up to relevance.cache_entries, then stays.
+        meter.create_observable_up_down_counter(
+            "semhealth_embedding_cache_entries",
+            [_observe(lambda: _field(cache(), "entries"))],
+            description="Vectors the embedding cache holds (at most relevance.cache_entries; "
+            "each takes the encoder's dimensions x 4 bytes).",
+        )
         meter.create_observable_counter(
             "semhealth_relevance_skipped",
             [_observe_by("reason", lambda: _skipped(relevance()))],

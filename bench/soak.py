@@ -39,7 +39,7 @@ import random
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import orjson
@@ -67,6 +67,7 @@ from proxy_overhead import (
 
 SIDECAR_MODULE = "semhealth.agent.cli"
 GROWTH_LIMIT_PCT = 5.0
+CACHE_ENTRIES = "semhealth_embedding_cache_entries"
 # A question with context, so relevance has something to score.
 REQUEST = {
     "model": "soak-model",
@@ -258,6 +259,7 @@ class Sample:
     t: float
     rss: dict[str, int]
     fds: dict[str, int]
+    cache_entries: int = 0  # CACHE_ENTRIES: bounded memory that fills
 
 
 def open_fds(pid: int) -> int:
@@ -276,6 +278,18 @@ def read_sample(tree: Tree, t: float) -> Sample:
     return Sample(t, rss, fds)
 
 
+async def take_sample(
+    tree: Tree, t: float, control: aiohttp.ClientSession, admin_url: str
+) -> Sample:
+    """Memory and descriptors from /proc, and the embedding cache's size from /metrics: a
+    cache filling is bounded memory, and the column tells it apart from a leak."""
+    sample = read_sample(tree, t)
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        metrics = await agent_metrics(control, admin_url)
+        sample = replace(sample, cache_entries=int(metrics.get(CACHE_ENTRIES, 0)))
+    return sample
+
+
 async def sample_loop(
     tree: Tree,
     admin_url: str,
@@ -291,7 +305,7 @@ async def sample_loop(
     while time.monotonic() < stop_at:
         now = time.monotonic()
         if now >= next_sample:
-            samples.append(read_sample(tree, now - start))
+            samples.append(await take_sample(tree, now - start, control, admin_url))
             next_sample = now + every_s
         began = time.monotonic_ns()
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -365,7 +379,7 @@ async def soak(options: Options) -> int:
                 tree, admin_url, control, options.sample_every_s, samples, probes_ns, start, stop_at
             )
             await asyncio.gather(sampler, *clients)
-            samples.append(read_sample(tree, time.monotonic() - start))
+            samples.append(await take_sample(tree, time.monotonic() - start, control, admin_url))
             await asyncio.sleep(3.0)  # the last records, and one more OTLP push
             metrics = await agent_metrics(control, admin_url)
     report(options, tally, samples, probes_ns, metrics, receiver)
@@ -405,12 +419,14 @@ def report(
             f"admin probe (forwarding loop lag): p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
             f"max {max(probes_ns) / 1e6:.2f} ms"
         )
-    print(f"{'t (s)':>7} {'fwd RSS MiB':>12} {'ana RSS MiB':>12} {'fwd fds':>8} {'ana fds':>8}")
+    header = f"{'t (s)':>7} {'fwd RSS MiB':>12} {'ana RSS MiB':>12} {'fwd fds':>8} {'ana fds':>8}"
+    print(f"{header} {'cache entries':>14}")
     for sample in samples:
         print(
             f"{sample.t:7.0f} {sample.rss.get('forwarding', 0) / 2**20:12.1f} "
             f"{sample.rss.get('analysis', 0) / 2**20:12.1f} "
-            f"{sample.fds.get('forwarding', 0):8d} {sample.fds.get('analysis', 0):8d}"
+            f"{sample.fds.get('forwarding', 0):8d} {sample.fds.get('analysis', 0):8d} "
+            f"{sample.cache_entries:14d}"
         )
     growth = {
         name: growth_pct(samples, options.warmup_s, "rss", name)

@@ -219,6 +219,8 @@ async def test_repeated_context_is_served_from_the_cache(minilm: Backend) -> Non
             await wait_for(scored)
         samples = await metrics(session, stack.agent)
         assert value(samples, "semhealth_embedding_cache_hits_total") >= 3
+        # The query, the context and the answer: held once, however often they came.
+        assert value(samples, "semhealth_embedding_cache_entries") == 3
 
 
 # -- never in the way of the traffic -----------------------------------------------------------

@@ -162,3 +162,42 @@ async def test_a_bodiless_status_ends_at_its_head_and_the_connection_stays_usabl
                 assert second.startswith(b"HTTP/1.1 200 OK\r\n")
             finally:
                 writer.close()
+
+
+async def test_a_client_gone_mid_body_never_hands_its_upstream_connection_to_the_next_request() -> (
+    None
+):
+    # The first response is half-sent when its client resets; the rest ("world") is still on
+    # its way on that upstream connection. Pooled, the connection would give "world" to
+    # the next request as the start of its response.
+    first = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"
+    second = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond"
+
+    def respond(head: bytes) -> list[bytes | float | None]:
+        if head.startswith(b"GET /first"):
+            return [first, b"hello", 0.5, b"world"]
+        return [second]
+
+    async with raw_upstream(respond) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            address = stack.agent.proxy_address
+            assert address is not None
+            host, port = address
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            await asyncio.wait_for(reader.readuntil(b"hello"), 5.0)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            (aborted,) = await stack.wait_records(1)
+            reply = await exchange_raw(
+                host, port, b"GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+    assert aborted.client_aborted
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert reply.endswith(b"\r\n\r\nsecond")
+    # Each request reached the upstream once, the second on a connection of its own.
+    assert [r.split(b" ")[1] for r in up.requests] == [b"/first", b"/second"]

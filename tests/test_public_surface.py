@@ -124,26 +124,28 @@ def test_reading_the_config_imports_no_client_library(module: str) -> None:
 def test_the_forwarding_process_imports_no_analysis_dependency() -> None:
     # The forwarder reads the configuration and relays; numpy, OpenTelemetry, aiohttp and
     # grpc belong to the analysis process (RSS target: forwarder <= 60 MiB).
-    code = (
-        "import sys\n"
-        "import semhealth.agent.cli, semhealth.agent.dataplane.forwarder\n"
-        "import semhealth.agent.dataplane.settings, semhealth.agent.dataplane.worker\n"
-        "heavy = ('numpy', 'opentelemetry', 'aiohttp', 'grpc', 'torch', 'tqdm')\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    imports = (
+        "semhealth.agent.cli, semhealth.agent.dataplane.forwarder, "
+        "semhealth.agent.dataplane.settings, semhealth.agent.dataplane.worker"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    heavy = ("numpy", "opentelemetry", "aiohttp", "grpc", "torch", "tqdm")
+    assert _heavy_imported(imports, heavy) == "[]"
 
 
 def test_the_forwarders_admin_front_imports_aiohttp_and_no_analysis_dependency() -> None:
     # Worker 0 fronts the admin port with an aiohttp app (password checks off the loop); it
     # must not bring the OpenTelemetry SDK, numpy or grpc with it (semhealth.agent.telemetry
     # once did: the forwarder held 84 MiB).
+    heavy = ("numpy", "opentelemetry", "aiohttp", "grpc", "torch", "tqdm", "google")
+    assert _heavy_imported("semhealth.agent.admin", heavy) == "['aiohttp']"
+
+
+def _heavy_imported(imports: str, heavy: tuple[str, ...]) -> str:
+    """Which top-level packages of ``heavy`` a fresh interpreter holds after ``import``ing
+    ``imports``, printed as a sorted list."""
     code = (
-        "import sys\n"
-        "import semhealth.agent.admin\n"
-        "heavy = ('numpy', 'opentelemetry', 'aiohttp', 'grpc', 'torch', 'tqdm', 'google')\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+        f"import sys\nimport {imports}\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['aiohttp']"
+    return out.stdout.strip()

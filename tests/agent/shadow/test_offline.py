@@ -37,26 +37,31 @@ def answering(pieces: Sequence[str]) -> SimulatedUpstream:
     return SimulatedUpstream(script)
 
 
+async def ask(proxy_url: str, requests: int) -> None:
+    """``requests`` streamed questions, then one JSON-mode one, through the openai SDK."""
+    client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key="k")
+    for _ in range(requests):
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=QUESTION,
+            stream=True,  # type: ignore[arg-type]
+        )
+        async for _chunk in stream:
+            pass
+    await client.chat.completions.create(
+        model="m",
+        messages=QUESTION,  # type: ignore[arg-type]
+        response_format={"type": "json_object"},
+    )
+    await client.close()
+
+
 async def record_traffic(upstream_url: str, path: Path, requests: int = 4) -> None:
     """Streamed questions (and one JSON-mode one) through a sidecar that records them."""
     agent = Agent(agent_config(upstream_url), Settings(record=RecordSettings(path=str(path))))
     await agent.start()
     try:
-        client = openai.AsyncOpenAI(base_url=agent.proxy_url + "/v1", api_key="k")
-        for _ in range(requests):
-            stream = await client.chat.completions.create(
-                model="m",
-                messages=QUESTION,
-                stream=True,  # type: ignore[arg-type]
-            )
-            async for _chunk in stream:
-                pass
-        await client.chat.completions.create(
-            model="m",
-            messages=QUESTION,  # type: ignore[arg-type]
-            response_format={"type": "json_object"},
-        )
-        await client.close()
+        await ask(agent.proxy_url, requests)
     finally:
         await agent.shutdown()
 
@@ -210,21 +215,7 @@ async def test_diff_on_a_recording_gives_the_pair_measures_live_shadowing_gave(
     )
     await agent.start()
     try:
-        client = openai.AsyncOpenAI(base_url=agent.proxy_url + "/v1", api_key="k")
-        for _ in range(3):
-            stream = await client.chat.completions.create(
-                model="m",
-                messages=QUESTION,
-                stream=True,  # type: ignore[arg-type]
-            )
-            async for _chunk in stream:
-                pass
-        await client.chat.completions.create(
-            model="m",
-            messages=QUESTION,  # type: ignore[arg-type]
-            response_format={"type": "json_object"},
-        )
-        await client.close()
+        await ask(agent.proxy_url, 3)
         assert agent.shadow is not None
         for _ in range(200):
             if len(agent.shadow.recent_pairs()) >= 4:

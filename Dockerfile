@@ -18,10 +18,7 @@ FROM ${PYTHON_IMAGE} AS source
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY agent agent
-COPY collectors collectors
-COPY embeddings embeddings
-COPY alerts alerts
+COPY src src
 COPY docker/install.sh /usr/local/bin/install-semhealth
 
 # ---------------------------------------------------------------------------- sidecar

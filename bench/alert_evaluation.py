@@ -52,10 +52,10 @@ from typing import Any, TypeVar
 
 from _workload import MODEL, analyse, json_mode_request, json_mode_stream, per_call_us
 
-from semhealth.agent.alerting import AlertingStage
-from semhealth.agent.alerting import Settings as AlertingSettings
-from semhealth.agent.tap import TapStats
-from semhealth.agent.telemetry import Settings, Telemetry
+from semhealth.agent.analysis.alerting import AlertingStage
+from semhealth.agent.analysis.alerting import Settings as AlertingSettings
+from semhealth.agent.analysis.tap import TapStats
+from semhealth.agent.telemetry.pipeline import Settings, Telemetry
 from semhealth.alerts import Alert, Evaluator, Rule, RuleStatus, Sample, load_rules
 from semhealth.alerts.evaluator import (
     DEFAULT_INTERVAL_S,

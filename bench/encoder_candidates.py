@@ -52,7 +52,14 @@ import orjson
 
 from semhealth.embeddings.calibration import fit_calibration, threshold_agreement
 
-DATA = Path(__file__).resolve().parent.parent / "embeddings" / "data" / "relevance_pairs.jsonl"
+DATA = (
+    Path(__file__).resolve().parent.parent
+    / "src"
+    / "semhealth"
+    / "embeddings"
+    / "data"
+    / "relevance_pairs.jsonl"
+)
 THRESHOLD = 0.75
 BATCH = 64
 KINDS = ("relevant", "paraphrase", "hard_negative", "unrelated")

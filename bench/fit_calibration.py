@@ -71,8 +71,8 @@ from semhealth.embeddings.profiles import PROFILE_ROUTING
 from semhealth.embeddings.routing import cjk_request
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "embeddings" / "data" / "relevance_pairs.jsonl"
-OUT = ROOT / "embeddings" / "calibrations"
+DATA = ROOT / "src" / "semhealth" / "embeddings" / "data" / "relevance_pairs.jsonl"
+OUT = ROOT / "src" / "semhealth" / "embeddings" / "calibrations"
 KINDS = ("relevant", "paraphrase", "hard_negative", "unrelated")
 BOOTSTRAP_DRAWS = 1000
 # The backends this script can load; remote ones serve these models.

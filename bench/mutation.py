@@ -3,11 +3,10 @@
 Runs mutmut 3 over each target module with the tests that own it, and prints per-module
 figures (mutants, killed, survived, timeout, no tests, kill rate).
 
-mutmut mutates in place, and the import package ``semhealth`` is a namespace mapped from
-top-level folders, so each target gets its own scratch tree outside the repository:
-``<workdir>/<target>/semhealth/{agent,alerts,collectors,embeddings}`` and ``tests/`` copied
-from this checkout. mutmut puts its ``mutants/`` copy first on ``sys.path``, so the tests
-import the mutated ``semhealth`` ahead of the editable install; the checkout is never touched.
+mutmut mutates in place, so each target gets its own scratch tree outside the repository:
+``<workdir>/<target>/semhealth`` (``src/semhealth``) and ``tests/`` copied from this
+checkout. mutmut puts its ``mutants/`` copy first on ``sys.path``, so the tests import the
+mutated ``semhealth`` ahead of the editable install; the checkout is never touched.
 
 Usage::
 
@@ -35,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "alerts", "collectors", "embeddings")
 
 
 @dataclass(frozen=True)
@@ -123,8 +121,7 @@ def _prepare(target: Target, workdir: Path) -> Path:
     if tree.exists():
         shutil.rmtree(tree)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, tree / "semhealth" / package, ignore=ignore)
+    shutil.copytree(REPO / "src" / "semhealth", tree / "semhealth", ignore=ignore)
     shutil.copytree(REPO / "tests", tree / "tests", ignore=ignore)
     (tree / "pyproject.toml").write_text(_pyproject(target))
     return tree

@@ -30,8 +30,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from prometheus_client import CollectorRegistry
 
-from semhealth.agent import metrics as m
-from semhealth.agent.recorder import Recorder, RecorderSettings
+from semhealth.agent.telemetry import instruments as m
+from semhealth.agent.telemetry.recorder import Recorder, RecorderSettings
 from semhealth.collectors.continuity import intervals_s
 
 TARGET_US = 10.0  # per chunk, analysis and recording together (issue 9)

@@ -64,8 +64,8 @@ from semhealth.embeddings.use import UseBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = {
-    "base": ROOT / "embeddings" / "data" / "relevance_pairs.jsonl",
-    "hard": ROOT / "embeddings" / "data" / "hard_pairs.jsonl",
+    "base": ROOT / "src" / "semhealth" / "embeddings" / "data" / "relevance_pairs.jsonl",
+    "hard": ROOT / "src" / "semhealth" / "embeddings" / "data" / "hard_pairs.jsonl",
     "unseen": ROOT / "tests" / "embeddings" / "data" / "unseen_pairs.jsonl",
 }
 ENCODERS = {

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 CHART = Path(__file__).resolve().parent / "semhealth"
-AGENT_SCHEMA = CHART.parent.parent / "agent" / "config.schema.json"
+AGENT_SCHEMA = CHART.parent.parent / "src" / "semhealth" / "agent" / "config" / "config.schema.json"
 
 RULES = CHART / "files" / "prometheus-rules.yaml"
 RECORDING = CHART / "files" / "recording-rules.yaml"

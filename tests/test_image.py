@@ -49,9 +49,7 @@ def _source_stage_copies() -> list[str]:
 
 
 def test_the_source_stage_copies_the_package_and_nothing_else() -> None:
-    assert sorted(_source_stage_copies()) == sorted(
-        ["pyproject.toml", "README.md", "agent", "collectors", "embeddings", "alerts"]
-    )
+    assert sorted(_source_stage_copies()) == sorted(["pyproject.toml", "README.md", "src"])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +86,7 @@ def upstream() -> Iterator[str]:
     port = free_port()
     code = (
         "import asyncio\n"
-        "from semhealth.agent.simulator import SimulatedUpstream, Script\n"
+        "from semhealth.agent.demo.simulator import SimulatedUpstream, Script\n"
         "async def main():\n"
         "    up = SimulatedUpstream(lambda r: Script(pieces=('The ', 'answer.')))\n"
         f"    await up.start(port={port})\n"

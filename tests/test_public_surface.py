@@ -94,7 +94,7 @@ def _imports_from_analysis_packages(path: Path) -> list[tuple[str, str]]:
 def test_the_agent_imports_only_names_its_packages_list() -> None:
     # From the package or from one of its modules, but only what __all__ makes public.
     private = set()
-    for path in sorted((ROOT / "agent").rglob("*.py")):
+    for path in sorted((ROOT / "src" / "semhealth" / "agent").rglob("*.py")):
         for module, name in _imports_from_analysis_packages(path):
             imported = getattr(importlib.import_module(module), name)
             if isinstance(imported, types.ModuleType):
@@ -134,10 +134,10 @@ def test_the_forwarding_process_imports_no_analysis_dependency() -> None:
 
 def test_the_forwarders_admin_front_imports_aiohttp_and_no_analysis_dependency() -> None:
     # Worker 0 fronts the admin port with an aiohttp app (password checks off the loop); it
-    # must not bring the OpenTelemetry SDK, numpy or grpc with it (semhealth.agent.telemetry
+    # must not bring the OpenTelemetry SDK, numpy or grpc with it (semhealth.agent.telemetry.pipeline
     # once did: the forwarder held 84 MiB).
     heavy = ("numpy", "opentelemetry", "aiohttp", "grpc", "torch", "tqdm", "google")
-    assert _heavy_imported("semhealth.agent.admin", heavy) == "['aiohttp']"
+    assert _heavy_imported("semhealth.agent.admin.app", heavy) == "['aiohttp']"
 
 
 def _heavy_imported(imports: str, heavy: tuple[str, ...]) -> str:

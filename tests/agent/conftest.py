@@ -13,7 +13,7 @@ import pytest
 
 from semhealth.agent.app import Agent
 from semhealth.agent.config import load_config
-from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 
 

@@ -64,7 +64,7 @@ class LockedDownScrape(PrometheusServer):
 @pytest.fixture
 def sidecar(pki: Pki) -> Iterator[int]:
     """``semhealth run`` with TLS and basic auth on its admin port; yields that port."""
-    from semhealth.agent.simulator import Script, SimulatedUpstream
+    from semhealth.agent.demo.simulator import Script, SimulatedUpstream
 
     web = pki.folder / "web.yml"
     web.write_text(web_yml(tls="  min_version: TLS12\n"))

@@ -9,7 +9,7 @@ import threading
 import orjson
 import pytest
 
-from semhealth.agent.alerting import AlertingStage, Settings
+from semhealth.agent.analysis.alerting import AlertingStage, Settings
 from semhealth.alerts.model import Rule
 from semhealth.alerts.sample import Sample
 
@@ -112,7 +112,7 @@ async def test_firing_and_resolving_are_logged_once_each_with_numbers_only(
     stage = _stage(resend_delay_s=0.0)
     await stage.start(generator_url="http://127.0.0.1:9464/alerts")
     try:
-        with caplog.at_level(logging.WARNING, logger="semhealth.agent.alerting"):
+        with caplog.at_level(logging.WARNING, logger="semhealth.agent.analysis.alerting"):
             stage.observe(_sample(0.2))
             for _ in range(3):  # resends are not logged again
                 await stage.evaluate_now()
@@ -122,7 +122,9 @@ async def test_firing_and_resolving_are_logged_once_each_with_numbers_only(
             for _ in range(3):  # the resolved alert is resent too; logged once
                 await stage.evaluate_now()
                 await asyncio.sleep(0)
-        lines = [r.getMessage() for r in caplog.records if r.name == "semhealth.agent.alerting"]
+        lines = [
+            r.getMessage() for r in caplog.records if r.name == "semhealth.agent.analysis.alerting"
+        ]
         assert len(lines) == 2
         assert lines[0].startswith("alert ContextRelevanceLow firing: route=chat")
         assert lines[1].startswith("alert ContextRelevanceLow resolved: route=chat")

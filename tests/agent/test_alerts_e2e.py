@@ -24,7 +24,7 @@ import pytest
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
-from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.alerts.rules import default_rule_entries
 from semhealth.embeddings.backend import Backend
 from tests.agent.conftest import ScriptFor

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.app import Agent
-from semhealth.agent.simulator import Script, ScriptRequest
+from semhealth.agent.demo.simulator import Script, ScriptRequest
 from tests.agent.conftest import agent_config, running_stack
 from tests.servers import free_port
 

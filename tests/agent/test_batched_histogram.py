@@ -17,8 +17,8 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from prometheus_client import CollectorRegistry, generate_latest
 
-from semhealth.agent import buckets
-from semhealth.agent import metrics as m
+from semhealth.agent.telemetry import buckets
+from semhealth.agent.telemetry import instruments as m
 
 NAME = "gen_ai.client.operation.time_per_output_chunk"
 SPEC = next(spec for spec in m.SPECS if spec.name == NAME)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from semhealth.agent import buckets
-from semhealth.agent.metrics import SPECS
+from semhealth.agent.telemetry import buckets
+from semhealth.agent.telemetry.instruments import SPECS
 
 
 def test_gen_ai_buckets_are_the_semantic_conventions() -> None:

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from semhealth.agent.cli import main
-from semhealth.agent.simulator import Script, SimulatedUpstream
+from semhealth.agent.demo.simulator import Script, SimulatedUpstream
 from tests.servers import free_port
 
 TESTDATA = Path(__file__).parent / "testdata" / "config"

@@ -18,7 +18,14 @@ from semhealth.agent.cli import main
 from semhealth.embeddings.calibration import Calibration, load_calibration
 from tests.default_install import HIDE_LOCAL_EXTRA
 
-PAIRS = Path(__file__).parents[2] / "embeddings" / "data" / "relevance_pairs.jsonl"
+PAIRS = (
+    Path(__file__).parents[2]
+    / "src"
+    / "semhealth"
+    / "embeddings"
+    / "data"
+    / "relevance_pairs.jsonl"
+)
 # One encoder, unrouted: these tests need MiniLM only.
 CONFIG = """\
 relevance:

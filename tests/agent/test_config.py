@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from semhealth.agent import config as agent_config
-from semhealth.agent._config_model import Evaluation, Forward, OTLPReceiver
 from semhealth.agent.config import (
     LOG_FORMATS,
     LOG_LEVELS,
@@ -46,6 +45,7 @@ from semhealth.agent.config import (
     schema_text,
     validate_collectors,
 )
+from semhealth.agent.config.model import Evaluation, Forward, OTLPReceiver
 from semhealth.alerts.durations import format_duration
 from semhealth.alerts.model import Rule
 from semhealth.alerts.rules import RULES_SCHEMA

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.config import ConfigError, load_config
-from semhealth.agent.contracts import ContractError, load_contract
-from semhealth.agent.simulator import Script, ScriptRequest
+from semhealth.agent.config.contracts import ContractError, load_contract
+from semhealth.agent.demo.simulator import Script, ScriptRequest
 from tests.agent.conftest import running_stack
 
 # "risk_level is high exactly when amount > 1,000,000"

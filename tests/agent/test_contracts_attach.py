@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from semhealth.agent.contracts import ContractError, attach_contracts
+from semhealth.agent.config.contracts import ContractError, attach_contracts
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config, Route
 

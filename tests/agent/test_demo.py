@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from semhealth.agent.alerting import ActiveAlert
-from semhealth.agent.demo import DemoSummary, run_demo
+from semhealth.agent.analysis.alerting import ActiveAlert
+from semhealth.agent.demo.run import DemoSummary, run_demo
 from semhealth.collectors import RequestFacts, StreamRecord
 from semhealth.embeddings import RelevanceScores
 

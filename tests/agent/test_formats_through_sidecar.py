@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from semhealth.agent.simulator import Script, ScriptRequest
+from semhealth.agent.demo.simulator import Script, ScriptRequest
 from tests.agent.conftest import running_stack
 from tests.agent.otlp_receiver import GrpcReceiver
 

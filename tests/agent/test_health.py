@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from semhealth.agent.analysis.health import Health
-from semhealth.agent.simulator import RawScript
-from semhealth.agent.tap import Tap
+from semhealth.agent.analysis.tap import Tap
+from semhealth.agent.demo.simulator import RawScript
 from tests.agent.conftest import running_stack
 
 CANARY = "canary-9c1e-prompt-text"

@@ -28,9 +28,9 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.app import Agent, Settings
-from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
-from semhealth.agent.telemetry import OTLPSettings
-from semhealth.agent.telemetry import Settings as TelemetrySettings
+from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.telemetry.pipeline import OTLPSettings
+from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings
 from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import ScriptFor, Stack, agent_config
 from tests.agent.otlp_receiver import (

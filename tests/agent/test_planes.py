@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.simulator import RawScript, SimulatedUpstream
+from semhealth.agent.demo.simulator import RawScript, SimulatedUpstream
 from tests.agent.test_cli import _env, _wait_ready
 from tests.servers import free_port
 

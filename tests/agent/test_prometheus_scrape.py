@@ -51,11 +51,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent import metrics
-from semhealth.agent.simulator import Script, ScriptRequest
-from semhealth.agent.tap import TapStats
-from semhealth.agent.telemetry import Settings as TelemetrySettings
-from semhealth.agent.telemetry import Telemetry
+from semhealth.agent.analysis.tap import TapStats
+from semhealth.agent.demo.simulator import Script, ScriptRequest
+from semhealth.agent.telemetry import instruments as metrics
+from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings
+from semhealth.agent.telemetry.pipeline import Telemetry
 from tests.agent.conftest import Stack, ThreadedStack
 from tests.agent.prometheus_server import PrometheusServer, require_binary, scalar
 from tests.servers import find_binary, required

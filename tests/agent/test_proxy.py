@@ -16,7 +16,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from semhealth.agent.simulator import RawScript, Script, ScriptRequest
+from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest
 from tests.agent.conftest import ThreadedStack, running_stack
 
 _bodies: dict[str, RawScript] = {}

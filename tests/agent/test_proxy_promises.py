@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from semhealth.agent.simulator import RawScript
+from semhealth.agent.demo.simulator import RawScript
 from tests.agent.conftest import running_stack
 from tests.agent.test_relay import _hostport, exchange_raw, raw_upstream
 

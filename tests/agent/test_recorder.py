@@ -11,8 +11,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
-from semhealth.agent import metrics as m
-from semhealth.agent.recorder import (
+from semhealth.agent.telemetry import instruments as m
+from semhealth.agent.telemetry.recorder import (
     OTHER,
     LabelGuard,
     Recorder,

@@ -20,7 +20,7 @@ import pytest
 
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
 from semhealth.agent.dataplane.sink import Outcome
-from semhealth.agent.simulator import RawScript
+from semhealth.agent.demo.simulator import RawScript
 from semhealth.collectors.collector import Exchange
 from tests.agent.conftest import running_stack
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 import pytest
 
-from semhealth.agent.simulator import RawScript
+from semhealth.agent.demo.simulator import RawScript
 from tests.agent.conftest import Stack, running_stack
 from tests.agent.test_relay import RawUpstream, exchange_raw, raw_upstream
 

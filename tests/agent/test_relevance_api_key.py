@@ -18,7 +18,7 @@ import pytest
 from semhealth.agent import cli
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import ConfigError, check_config_file, load_config, load_relevance
-from semhealth.agent.simulator import SimulatedUpstream
+from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.embeddings.local import LocalBackend
 from tests.agent.test_relevance_e2e import (
     answer,

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent import app as app_module
 from semhealth.agent.app import Agent, Settings
+from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
-from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.backend import Backend, Vectors
 from tests.agent.conftest import ScriptFor, Stack, agent_config

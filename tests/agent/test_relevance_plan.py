@@ -12,8 +12,8 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
+from semhealth.agent.analysis.relevance import RelevanceStage, Settings, plan_relevance
 from semhealth.agent.config import Relevance, load_config
-from semhealth.agent.relevance import RelevanceStage, Settings, plan_relevance
 from semhealth.collectors import RequestFacts, StreamRecord
 from semhealth.embeddings import RelevanceScores
 

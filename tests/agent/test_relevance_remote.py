@@ -21,8 +21,8 @@ import pytest
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import Config, load_config
+from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
-from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.embeddings.backend import Backend
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
@@ -270,7 +270,7 @@ def test_scoring_through_a_scorer_never_imports_torch(tmp_path: Path) -> None:
         """
         import asyncio, sys, textwrap
         import numpy as np
-        from semhealth.agent.relevance import plan_relevance
+        from semhealth.agent.analysis.relevance import plan_relevance
         from semhealth.agent.config import load_config
         from semhealth.embeddings.batcher import MicroBatcher
         from semhealth.embeddings.config import Batching

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from semhealth.agent.simulator import Script, ScriptRequest, ToolScript
+from semhealth.agent.demo.simulator import Script, ScriptRequest, ToolScript
 from semhealth.collectors.continuity import measure_continuity, pstdev
 from tests.agent.conftest import running_stack
 

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from semhealth.agent.simulator import Script, SimulatedUpstream
+from semhealth.agent.demo.simulator import Script, SimulatedUpstream
 from tests.agent.test_cli import _env, _wait_ready, _wait_rules
 from tests.alerts.alertmanager_server import AlertmanagerServer, WebhookReceiver, page
 from tests.servers import free_port

@@ -24,7 +24,7 @@ from multidict import CIMultiDictProxy
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 
-from semhealth.agent.simulator import (
+from semhealth.agent.demo.simulator import (
     CORPUS,
     DemoProfile,
     RawScript,

@@ -8,7 +8,7 @@ import itertools
 import orjson
 import pytest
 
-from semhealth.agent.tap import Outcome, Tap, TapStream
+from semhealth.agent.analysis.tap import Outcome, Tap, TapStream
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config, Limits
 from semhealth.collectors.record import StreamRecord

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from semhealth.agent.analysis.receiver import TapReceiver
+from semhealth.agent.analysis.tap import Tap
 from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.dataplane.tapwire import (
     CLOSE,
@@ -26,7 +27,6 @@ from semhealth.agent.dataplane.tapwire import (
     encode_close,
     encode_open,
 )
-from semhealth.agent.tap import Tap
 from semhealth.collectors.collector import Exchange
 from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import agent_config

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from semhealth.agent.tap import TapStats
-from semhealth.agent.telemetry import OTLPSettings, Settings, Telemetry
+from semhealth.agent.analysis.tap import TapStats
+from semhealth.agent.telemetry.pipeline import OTLPSettings, Settings, Telemetry
 from tests.agent.otlp_receiver import HttpReceiver
 
 INTERVAL_S = 0.1

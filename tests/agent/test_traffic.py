@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from semhealth.agent.simulator import (
+from semhealth.agent.demo.simulator import (
     CORPUS,
     DemoProfile,
     Script,
@@ -20,7 +20,7 @@ from semhealth.agent.simulator import (
     demo_script,
     query_text,
 )
-from semhealth.agent.traffic import TrafficGenerator, build_request
+from semhealth.agent.demo.traffic import TrafficGenerator, build_request
 
 # Fast and healthy: millisecond streams, no stalls or 429s unless a test asks for them.
 FAST = DemoProfile(

@@ -16,7 +16,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from semhealth.agent.webconfig import (
+from semhealth.agent.admin.webconfig import (
     Authenticator,
     RateLimit,
     TokenBucket,

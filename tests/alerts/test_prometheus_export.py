@@ -23,8 +23,8 @@ import orjson
 import pytest
 import yaml
 
-from semhealth.agent import buckets
-from semhealth.agent import metrics as m
+from semhealth.agent.telemetry import buckets
+from semhealth.agent.telemetry import instruments as m
 from semhealth.alerts.durations import parse_duration
 from semhealth.alerts.errors import RuleError
 from semhealth.alerts.model import Baseline, Rule, Thresholds

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from semhealth.agent import metrics as m
+from semhealth.agent.telemetry import instruments as m
 from semhealth.alerts.signals import SIGNALS, Signal, signal_named
 
 

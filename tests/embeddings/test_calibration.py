@@ -37,7 +37,14 @@ from semhealth.embeddings.calibration import (
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.relevance import RelevanceScorer
 
-DATA = Path(__file__).resolve().parents[2] / "embeddings" / "data" / "relevance_pairs.jsonl"
+DATA = (
+    Path(__file__).resolve().parents[2]
+    / "src"
+    / "semhealth"
+    / "embeddings"
+    / "data"
+    / "relevance_pairs.jsonl"
+)
 MINILM = "all-MiniLM-L6-v2"
 
 

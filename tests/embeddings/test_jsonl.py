@@ -30,7 +30,14 @@ from semhealth.embeddings.jsonl import (
 )
 from semhealth.embeddings.local import LocalBackend
 
-DATA = Path(__file__).resolve().parents[2] / "embeddings" / "data" / "relevance_pairs.jsonl"
+DATA = (
+    Path(__file__).resolve().parents[2]
+    / "src"
+    / "semhealth"
+    / "embeddings"
+    / "data"
+    / "relevance_pairs.jsonl"
+)
 SECRET = "the patient's account number is 4411"
 
 RECORD: dict[str, Any] = {

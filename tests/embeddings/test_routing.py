@@ -28,7 +28,14 @@ from semhealth.embeddings.routing import RoutingScorer, cjk_request, has_cjk
 from semhealth.embeddings.use import UseBackend
 from tests.embeddings.wrappers import Recording
 
-DATA = Path(__file__).resolve().parents[2] / "embeddings" / "data" / "relevance_pairs.jsonl"
+DATA = (
+    Path(__file__).resolve().parents[2]
+    / "src"
+    / "semhealth"
+    / "embeddings"
+    / "data"
+    / "relevance_pairs.jsonl"
+)
 MINILM = "all-MiniLM-L6-v2"
 ENGLISH = ("How do I reset my password?", ["Click 'Forgot password' on the login page."])
 CHINESE = ("怎样重置密码？", ["在登录页面点击“忘记密码”。"])

@@ -23,16 +23,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
-from semhealth.agent._config_document import dotted
-from semhealth.agent._config_load import load
-from semhealth.agent._config_schema import schema_text
-from semhealth.agent._config_yaml import (
+from semhealth.agent.config.document import dotted
+from semhealth.agent.config.limits import (
     MAX_DEPTH,
     MAX_FILE_BYTES,
     MAX_VALUES,
     read_limited,
     structure_issue,
 )
+from semhealth.agent.config.load import load
+from semhealth.agent.config.schema import schema_text
 from semhealth.agent.errors import ConfigIssue
 from tests.fuzz.budget import examples
 

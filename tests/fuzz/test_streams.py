@@ -19,9 +19,9 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semhealth.agent.simulator._plan import make_plan
-from semhealth.agent.simulator._script import Script, ScriptRequest, ToolScript
-from semhealth.agent.simulator._wires import WIRES, Wire
+from semhealth.agent.demo.simulator._plan import make_plan
+from semhealth.agent.demo.simulator._script import Script, ScriptRequest, ToolScript
+from semhealth.agent.demo.simulator._wires import WIRES, Wire
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config, Limits, default_config
 from semhealth.collectors.record import StreamRecord

@@ -52,7 +52,7 @@ import pytest
 
 import tests.agent.prometheus_server as prometheus_server
 from semhealth.agent.app import Agent, Settings
-from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.errors import BackendError
 from semhealth.embeddings.local import LocalBackend

@@ -7,7 +7,7 @@ from __future__ import annotations
 import promql_parser
 import pytest
 
-from semhealth.agent import metrics
+from semhealth.agent.telemetry import instruments as metrics
 from tests.grafana.dashboards import (
     BUILTINS,
     Query,

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from semhealth.agent import buckets
+from semhealth.agent.telemetry import buckets
 from tests.agent.prometheus_server import PrometheusServer, require_binary
 from tests.helm import canary, chart
 

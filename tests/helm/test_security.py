@@ -12,7 +12,7 @@ import bcrypt
 import helm_python as helm
 import pytest
 
-from semhealth.agent.webconfig import parse_web_config, validate_web_config
+from semhealth.agent.admin.webconfig import parse_web_config, validate_web_config
 from tests.agent.kube.certs import make_ca, write_server_pair
 from tests.helm import chart
 

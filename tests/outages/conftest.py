@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from tests.outages.harness import PIECES
 
 

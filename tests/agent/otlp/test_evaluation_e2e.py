@@ -23,6 +23,7 @@ import pytest
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from semhealth.agent.app import Agent, Settings
+from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.otlp.evaluation import (
     ANSWER_RELEVANCE,
     CONTEXT_RELEVANCE,
@@ -35,7 +36,6 @@ from semhealth.agent.otlp.evaluation import (
     SCORE_LABEL,
     SCORE_VALUE,
 )
-from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.backend import Backend
 from tests.agent.conftest import Stack, agent_config

@@ -17,7 +17,7 @@ from semhealth.agent.dataplane.tapwire import (
     decode_open,
     encode_open,
 )
-from semhealth.agent.simulator import Script, ScriptRequest
+from semhealth.agent.demo.simulator import Script, ScriptRequest
 from semhealth.collectors.collector import Exchange, parse_traceparent
 from semhealth.collectors.record import TraceRef
 from tests.agent.conftest import running_stack

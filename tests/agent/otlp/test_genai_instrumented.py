@@ -219,7 +219,7 @@ def _app(mode: str, out: Path) -> None:  # pragma: no cover - runs in the subpro
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
+    from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 
     resource = Resource.create({"service.name": SERVICE})
     span_exporter = InMemorySpanExporter()

@@ -37,9 +37,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
+from semhealth.agent.demo.simulator import Script, SimulatedUpstream
 from semhealth.agent.otlp.codec import TRACES
 from semhealth.agent.otlp.intake import Intake, intake_settings
-from semhealth.agent.simulator import Script, SimulatedUpstream
 from semhealth.collectors import StreamRecord
 from tests.agent.otlp.collector import Collector
 from tests.agent.otlp.test_receiver import export_spans, make_logs, spans_bytes

@@ -23,7 +23,7 @@ import pytest
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
-from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors import StreamRecord
 from semhealth.embeddings import LocalBackend
 from tests.agent.otlp.collector import Collector

@@ -21,11 +21,11 @@ import orjson
 import pytest
 
 from semhealth.agent.app import Agent, Settings
+from semhealth.agent.demo.simulator import RawScript, ScriptRequest, SimulatedUpstream
 from semhealth.agent.replay.inputs import ExchangeInput, read_file
 from semhealth.agent.replay.pipeline import build_records
 from semhealth.agent.replay.run import Options, replay
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.agent.simulator import RawScript, ScriptRequest, SimulatedUpstream
 from semhealth.collectors import StreamRecord
 from semhealth.embeddings import LocalBackend, RelevanceScores
 from tests.agent.conftest import agent_config

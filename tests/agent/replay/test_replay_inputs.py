@@ -21,9 +21,9 @@ from google.protobuf.json_format import MessageToDict  # type: ignore[import-unt
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
+from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.replay.run import Options, replay
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.agent.simulator import SimulatedUpstream
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 from tests.agent.otlp_receiver import GrpcReceiver, resource_attributes

@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 
-from semhealth.agent.simulator import Script, ScriptRequest, ToolScript
+from semhealth.agent.demo.simulator import Script, ScriptRequest, ToolScript
 from semhealth.collectors import StreamRecord
 
 CONTEXT = (

@@ -20,9 +20,9 @@ import pytest
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import ShadowSettings, ShadowUpstream, Timeouts, Tolerances
+from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.shadow.live import ShadowStats
 from semhealth.agent.shadow.pairs import PairResult
-from semhealth.agent.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config

@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
+from semhealth.agent.analysis.tap import Tap
 from semhealth.agent.config import (
     TLS,
     ConfigError,
@@ -26,10 +27,9 @@ from semhealth.agent.config import (
     load_config,
 )
 from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.shadow.live import Shadow, TokenBucket
 from semhealth.agent.shadow.offline import send_request
-from semhealth.agent.simulator import SimulatedUpstream
-from semhealth.agent.tap import Tap
 from semhealth.collectors import Exchange, StreamRecord
 from tests.agent.conftest import agent_config
 from tests.agent.shadow.test_live import LYON, PARIS, ROUTE, answering, ask, shadowed

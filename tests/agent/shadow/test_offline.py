@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from semhealth.agent.app import Agent, Settings
+from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.diff import default_segmenter
 from semhealth.agent.shadow.offline import Candidate, diff_candidate, diff_recordings
 from semhealth.agent.shadow.pairs import PairResult
-from semhealth.agent.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 

@@ -1,0 +1,1 @@
+"""semhealth: semantic-health observability for LLM services."""

@@ -1,0 +1,1 @@
+"""The admin port: /metrics, /alerts, /healthz, /readyz and their access rules."""

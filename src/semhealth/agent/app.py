@@ -1,0 +1,543 @@
+"""The agent process: builds every component, hands each its downstream, and
+runs them under one lifecycle.
+
+Start is downstream-first (telemetry, the relevance scorer, tap, upstream
+session, admin, alert evaluation and delivery, then the proxy listener that
+lets traffic in); shutdown is upstream-first and shares one deadline,
+reporting every failure together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiohttp import web
+
+from semhealth.agent.admin.app import (
+    AdminAccess,
+    AdminGate,
+    build_admin_app,
+    observe_auth_failures,
+    start_site,
+)
+from semhealth.agent.analysis.alerting import AlertingStage
+from semhealth.agent.analysis.alerting import Settings as AlertingSettings
+from semhealth.agent.analysis.health import Health
+from semhealth.agent.analysis.receiver import TapReceiver
+from semhealth.agent.analysis.relevance import RelevanceStage, plan_relevance
+from semhealth.agent.analysis.relevance import Settings as RelevanceSettings
+from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats
+from semhealth.agent.config import Address, Config, ShadowSettings
+from semhealth.agent.config.contracts import attach_contracts
+from semhealth.agent.dataplane.relay import ListenSettings, Relay, RelayStats
+from semhealth.agent.dataplane.settings import listen_settings, upstream_settings
+from semhealth.agent.errors import ConfigError, RelevanceStartError
+from semhealth.agent.otlp.evaluation import (
+    EvaluationEmitter,
+    EvaluationSettings,
+    observe_evaluation,
+    relevance_threshold,
+    settings_from_config,
+)
+from semhealth.agent.otlp.intake import Intake, intake_settings
+from semhealth.agent.replay.recording import Recording, observe_recording
+from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.shadow.live import Shadow
+from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
+from semhealth.agent.telemetry.pipeline import OTLPSettings, Telemetry
+from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings
+from semhealth.agent.telemetry.recorder import Recorder, RecorderSettings
+from semhealth.alerts.model import Rule
+from semhealth.collectors.record import StreamRecord
+from semhealth.embeddings import (
+    Backend,
+    CacheStats,
+    CalibrationError,
+    EmbeddingError,
+    MicroBatcher,
+    open_scorer,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """What code (not the YAML) hands the agent."""
+
+    consumers: Sequence[ConsumeRecord] = ()  # after the recorder and the relevance stage
+    telemetry: TelemetrySettings | None = None  # None: from the configuration
+    shutdown_timeout_s: float = 10.0
+    # Replaces the configured encoder's backend (the caller keeps it open and closes it):
+    # tests share one loaded model between agents this way.
+    embedding_backend: Backend | None = None
+    # The analysis process: no relay; copies come from forwarders over ``tap_socket`` and the
+    # admin app listens on ``admin_socket`` (the forwarder's admin front relays to it).
+    tap_socket: str | None = None
+    admin_socket: str | None = None
+    # A background task died (Health): the analysis process stops here so that it is
+    # started again whole; None (one process): /readyz answers 503 from then on.
+    on_background_failure: Callable[[str], None] | None = None
+    # The admin listener's web config (TLS, basic auth) and /alerts; in the analysis
+    # process the forwarder's admin front applies them instead.
+    admin: AdminAccess = field(default_factory=AdminAccess)
+    listen: ListenSettings | None = None  # the relay's timeouts and limits; None: config's
+    # ``semhealth run --record FILE``: every analysed exchange, written in the replay format.
+    record: RecordSettings | None = None
+    # Live shadowing to a candidate upstream; None: the configuration's ``shadow:``, if any.
+    shadow: ShadowSettings | None = None
+
+
+def telemetry_settings(config: Config) -> TelemetrySettings:
+    """The telemetry pipeline as configured."""
+    telemetry = config.telemetry
+    otlp = telemetry.otlp
+    return TelemetrySettings(
+        service_name=telemetry.service_name,
+        resource_attributes=telemetry.resource_attributes,
+        otlp=None
+        if otlp.endpoint is None
+        else OTLPSettings(
+            endpoint=otlp.endpoint,
+            protocol=otlp.protocol,
+            headers=otlp.headers,
+            interval_s=otlp.interval_s,
+            timeout_s=otlp.timeout_s,
+            insecure=otlp.insecure,
+        ),
+        recorder=RecorderSettings(
+            validity_window_s=telemetry.validity_window_s,
+            max_label_values=telemetry.max_label_values,
+            variant=telemetry.variant or None,
+        ),
+    )
+
+
+def alerting_settings(config: Config) -> AlertingSettings:
+    """The alert rules in force and where they page; the config was validated, so the
+    rules load."""
+    alerts = config.alerts
+    resource = dict(config.telemetry.resource_attributes)
+    # The downward API's pod and namespace, as the labels Alertmanager routes on.
+    external = {
+        "pod": resource.get("k8s.pod.name", ""),
+        "namespace": resource.get("k8s.namespace.name", ""),
+    }
+    return AlertingSettings(
+        rules=alerts.load_rules(),
+        alertmanagers=alerts.alertmanager.urls,
+        interval_s=alerts.evaluation_interval_s,
+        resend_delay_s=alerts.resend_delay_s,
+        timeout_s=alerts.alertmanager.timeout_s,
+        external_labels={name: value for name, value in external.items() if value},
+    )
+
+
+def evaluation_settings(config: Config) -> EvaluationSettings | None:
+    """``otlp_receiver.evaluation`` as the emitter takes it, labelling relevance against the
+    relevance alert's floor; None while it is off (or the configuration has no such block)."""
+    receiver = getattr(config, "otlp_receiver", None)
+    block = getattr(receiver, "evaluation", None)
+    if block is None or not getattr(block, "enabled", False):
+        return None
+    telemetry = config.telemetry
+    settings = settings_from_config(
+        block,
+        forward=getattr(receiver, "forward", None),
+        service_name=telemetry.service_name,
+        resource_attributes=telemetry.resource_attributes,
+        threshold=relevance_threshold(config.alerts.load_rules()),
+    )
+    issues = settings.validate()
+    if issues:
+        raise ConfigError(issues)
+    return settings
+
+
+def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
+    """Hits and misses over the batchers' caches, each counted once (encoders share one)."""
+    caches = {id(batcher.cache): batcher.cache for batcher in batchers}
+    if not caches:
+        return None
+    stats = [cache.stats() for cache in caches.values()]
+    return CacheStats(
+        entries=sum(s.entries for s in stats),
+        max_entries=sum(s.max_entries for s in stats),
+        hits=sum(s.hits for s in stats),
+        misses=sum(s.misses for s in stats),
+    )
+
+
+class Agent:
+    """The sidecar's planes in one process (tests, the demo, embedding), or, with
+    ``Settings.tap_socket``, the analysis process that forwarders feed.
+
+    Either way: admin listener, tap, relevance scoring, alerting and telemetry.
+    """
+
+    def __init__(self, config: Config, settings: Settings | None = None) -> None:
+        self._config = config
+        self._settings = settings or Settings()
+        stats = TapStats()
+        self.relevance: RelevanceStage | None = None  # set by start() when scoring runs
+        self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
+        self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
+        self.health = Health(self._settings.on_background_failure)
+        evaluation = evaluation_settings(config)
+        # gen_ai.evaluation.result events on traced records' spans; None: off.
+        self.evaluation = EvaluationEmitter(evaluation) if evaluation is not None else None
+        alerting = self.alerting = (
+            AlertingStage(alerting_settings(config), on_task_failure=self.health.reporter("alerts"))
+            if config.alerts.enabled
+            else None
+        )
+        self.telemetry = Telemetry(
+            self._telemetry_settings(),
+            tap_stats=stats,
+            active_streams=self._active_streams,
+            relevance_stats=lambda: self.relevance.stats if self.relevance is not None else None,
+            cache_stats=lambda: _cache_stats(self._batchers),
+            consume_sample=alerting.observe if alerting is not None else None,
+            alerting_stats=alerting.stats if alerting is not None else lambda: None,
+            background_failures=lambda: dict(self.health.failures),
+            otlp_stats=lambda: self.intake.stats if self.intake is not None else None,
+        )
+        self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
+        record = self._settings.record
+        self.recording = (
+            None
+            if record is None
+            else Recording(
+                record, max_exchange_bytes=config.collectors.limits.max_response_bytes + 1
+            )
+        )
+        if self.recording is not None:
+            meter = self.telemetry.provider.get_meter("semhealth.agent")
+            observe_recording(meter, self.recording.stats)
+        collectors = attach_contracts(config.collectors)
+        self.shadow = self._build_shadow(collectors)
+        self.tap = Tap(
+            collectors,
+            self._consume_record,
+            stats=stats,
+            observe_analysis=self.telemetry.observe_analysis,
+            on_task_failure=self.health.reporter("tap"),
+            tee=self.recording,
+            on_open=self.shadow.on_open if self.shadow is not None else None,
+        )
+        in_process = self._settings.tap_socket is None
+        # In one process the relay counts the requests it rejects straight into the tap's
+        # stats; forwarders report theirs over the wire.
+        relay_stats = RelayStats(rejected=stats.requests_rejected)
+        listen = self._settings.listen or listen_settings(config)
+        # Without an upstream (an OTLP receiver alone) there is nothing to proxy.
+        proxied = in_process and config.upstream.url is not None
+        self.proxy = (
+            Relay(upstream_settings(config), self.tap, listen=listen, stats=relay_stats)
+            if proxied
+            else None
+        )
+        # OTLP input: its records join the proxy's, through the same consumers.
+        self.intake = (
+            Intake(
+                intake_settings(config.otlp_receiver),
+                self._consume_record,
+                collectors=collectors,
+                on_task_failure=self.health.reporter("otlp"),
+            )
+            if config.otlp_receiver.enabled
+            else None
+        )
+        # Loaded now: a bad web config stops start-up before anything listens.
+        self.admin_gate = AdminGate(self._settings.admin)
+        if self._settings.admin_socket is None:  # else the front counts and exports these
+            observe_auth_failures(self.telemetry.provider, self.admin_gate)
+        self.receiver = None if in_process else TapReceiver(self.tap)
+        self._proxy_listening = False
+        self._admin_runner: web.BaseRunner | None = None
+        self._ready = False
+        self.proxy_address: tuple[str, int] | None = None
+        self.admin_address: tuple[str, int] | None = None
+
+    def _shadow_settings(self) -> ShadowSettings | None:
+        """The code's settings, else the configuration's ``shadow:`` block, else off."""
+        return self._settings.shadow or self._config.shadow
+
+    def _telemetry_settings(self) -> TelemetrySettings:
+        settings = self._settings.telemetry or telemetry_settings(self._config)
+        if self._shadow_settings() is None or settings.recorder.variant is not None:
+            return settings
+        # Shadowing: what the client got is variant="primary", beside the candidate's "shadow"
+        # (a configured variant, a canary's say, stays the primary's).
+        return replace(settings, recorder=replace(settings.recorder, variant="primary"))
+
+    def _build_shadow(self, collectors: Any) -> Shadow | None:
+        """Live shadowing, its metrics on the agent's meter, and a recorder that writes the
+        candidate's own records with ``variant="shadow"`` (never fed to the alerts)."""
+        settings = self._shadow_settings()
+        if settings is None:
+            return None
+        recorder = replace(self._telemetry_settings().recorder, variant="shadow")
+        shadow_recorder = Recorder(self.telemetry.instruments, recorder)
+        shadow = Shadow(
+            settings,
+            collectors,
+            scorer=lambda: self.relevance.scorer if self.relevance is not None else None,
+            record_shadow=shadow_recorder.consume_record,
+            record_shadow_scores=shadow_recorder.record_relevance,
+            observe_pair=PairMetrics(self.telemetry.instruments).observe,
+        )
+        observe_shadow(self.telemetry.provider.get_meter("semhealth.agent"), shadow.stats)
+        return shadow
+
+    def _active_streams(self) -> int:
+        if self.proxy is not None:
+            return self.proxy.active_streams
+        return self.receiver.active_streams() if self.receiver is not None else 0
+
+    def _consume_record(self, record: StreamRecord) -> None:
+        for consume in self._consumers:
+            consume(record)
+
+    async def _start_relevance(self) -> None:
+        """Load the encoder (off the loop) and put the relevance stage after the recorder."""
+        relevance = self._config.relevance
+        backend = self._settings.embedding_backend
+        plan = plan_relevance(relevance, backend_given=backend is not None)
+        if plan.embeddings is None:
+            if relevance.enabled == "auto":
+                log.info("relevance scoring is off: %s", plan.off)
+            return
+        if plan.fallback is not None:
+            log.info("relevance: %s", plan.fallback)
+        names = ", ".join(f"'{encoder.name}'" for encoder in plan.encoders)
+        stack = AsyncExitStack()
+        try:
+            scorer = await stack.enter_async_context(
+                open_scorer(
+                    plan.embeddings,
+                    calibration_path=plan.calibration,
+                    backend=backend,
+                    on_task_failure=self.health.reporter("relevance"),
+                )
+            )
+        except (EmbeddingError, ValueError) as exc:
+            await stack.aclose()
+            if relevance.enabled is True or isinstance(exc, CalibrationError):
+                raise RelevanceStartError(
+                    f"relevance scoring could not start encoder {names}: {exc}"
+                ) from exc
+            log.info(
+                "relevance scoring is off: encoder %s could not start (%s); "
+                "fix it and set relevance.enabled: true, or set it to false",
+                names,
+                exc,
+            )
+            return
+        self._scoring = stack
+        self._batchers = scorer.batchers()
+        self.relevance = stage = RelevanceStage(
+            scorer,
+            RelevanceSettings(
+                sample_rate=relevance.sample_rate, max_in_flight=relevance.max_in_flight
+            ),
+            self.telemetry.recorder.record_relevance,
+        )
+        self._consumers = (
+            self.telemetry.recorder.consume_record,
+            stage.consume_record,
+            *self._settings.consumers,
+        )
+        log.info("relevance scoring on: encoder %s", names)
+
+    async def _stop_relevance(self, timeout_s: float) -> None:
+        """Stop the stage (scores in flight finish within the deadline), then the scorer."""
+        if self.relevance is not None:
+            await self.relevance.shutdown(timeout_s / 2)
+        scoring, self._scoring = self._scoring, None
+        if scoring is not None:
+            await scoring.aclose()
+
+    def _start_evaluation(self) -> None:
+        """Evaluation events after every other consumer: a record's validity when it is
+        built, its relevance when its scores arrive."""
+        emitter = self.evaluation
+        if emitter is None:
+            return
+        emitter.start()
+        observe_evaluation(self.telemetry.provider.get_meter("semhealth.agent"), emitter.snapshot)
+        self._consumers = (*self._consumers, emitter.consume_record)
+        if self.relevance is not None:
+            self.relevance.also_record(emitter.record_relevance)
+
+    async def reload_alerts(self, rules: Sequence[Rule]) -> None:
+        """Evaluate ``rules`` from now on (``Alerts.load_rules()`` of a configuration loaded
+        again); nothing else is reloaded."""
+        if self.alerting is None:
+            raise RuntimeError("alerts were off at start-up; restart to turn them on")
+        await self.alerting.reload(rules)
+
+    @property
+    def proxy_url(self) -> str:
+        assert self.proxy_address is not None, "agent not started"
+        return _url(self.proxy_address)
+
+    @property
+    def admin_url(self) -> str:
+        assert self.admin_address is not None, "agent not started"
+        return _url(self.admin_address, self.admin_gate.scheme)
+
+    def ready(self) -> bool:
+        return self._ready and not self.health.failed
+
+    async def start(self) -> None:
+        try:
+            self.telemetry.start()
+            await self._start_relevance()
+            self._start_evaluation()
+            if self.recording is not None:
+                self.recording.start()
+            if self.shadow is not None:
+                await self.shadow.start()
+                # Last: a primary record joins its shadow after every other consumer saw it.
+                self._consumers = (*self._consumers, self.shadow.consume_record)
+            await self.tap.start()
+            admin = build_admin_app(
+                ready=self.ready,
+                render_metrics=self.telemetry.render_prometheus,
+                render_alerts=self.alerting.status_json if self.alerting is not None else None,
+                gate=self.admin_gate,
+            )
+            self._admin_runner = web.AppRunner(
+                admin, access_log=None, handle_signals=False, shutdown_timeout=1.0
+            )
+            if self.receiver is not None:
+                assert self._settings.tap_socket is not None
+                await self.receiver.start(self._settings.tap_socket)
+            self.admin_address = await _listen(
+                self._admin_runner,
+                self._config.listen.admin,
+                self._settings.admin_socket,
+                self.admin_gate,
+            )
+            if self.alerting is not None:
+                alerts = self._config.alerts
+                base = alerts.external_url or self.admin_url
+                if alerts.external_url is None and alerts.alertmanager.urls:
+                    log.warning(
+                        "alerts link to %s/alerts, which people may not reach: "
+                        "set alerts.external_url to the admin address as seen from outside",
+                        base,
+                    )
+                await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
+            if self.intake is not None:
+                await self.intake.start()
+                self._log_receiver()
+            if self.proxy is not None:
+                listen = self._config.listen.proxy
+                self._proxy_listening = True
+                self.proxy_address = await self.proxy.start(listen.host, listen.port)
+        except BaseException:
+            await self.shutdown()
+            raise
+        self._ready = True
+        if self.proxy is not None:
+            log.info(
+                "semhealth listening: proxy %s -> upstream %s, admin %s",
+                self.proxy_url,
+                self._config.upstream.url,
+                self.admin_url,
+            )
+
+    def _log_receiver(self) -> None:
+        assert self.intake is not None
+        receiver = self.intake.receiver
+        listening = [
+            f"{name} {_url(address)}"
+            for name, address in (("gRPC", receiver.grpc_address), ("HTTP", receiver.http_address))
+            if address is not None
+        ]
+        forward = self._config.otlp_receiver.forward.endpoint
+        log.info(
+            "semhealth OTLP receiver listening: %s; forwarding to %s",
+            ", ".join(listening),
+            forward or "nowhere (otlp_receiver.forward.endpoint is not set)",
+        )
+
+    async def shutdown(self) -> None:
+        """Stop intake, let open exchanges finish within the deadline, flush analysis."""
+        self._ready = False
+        deadline = time.monotonic() + self._settings.shutdown_timeout_s
+        errors: list[Exception] = []
+
+        async def step(name: str, coro: Coroutine[Any, Any, None]) -> None:
+            remaining = max(deadline - time.monotonic(), 0.1)
+            try:
+                await asyncio.wait_for(coro, remaining)
+            except Exception as exc:
+                log.error("shutdown of %s failed: %r", name, exc)
+                errors.append(exc)
+
+        if self.intake is not None:
+            # OTLP intake stops first: its queued spans become records for the stages below,
+            # and the next hop gets what is queued for it.
+            await step("otlp receiver", self.intake.shutdown(self._settings.shutdown_timeout_s / 3))
+        if self.receiver is not None:
+            # Forwarders stop first; what they sent is already queued in the tap.
+            await step("tap receiver", self.receiver.shutdown())
+        if self._proxy_listening and self.proxy is not None:
+            self._proxy_listening = False
+            # In-flight exchanges get most of the shutdown deadline to finish.
+            drain_s = self._settings.shutdown_timeout_s * 0.6
+            await step("proxy listener", self.proxy.shutdown(drain_s))
+        await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
+        if self.shadow is not None:
+            # After the tap (its last primaries join), before relevance (agreement scores).
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("shadow", self.shadow.shutdown(remaining / 3))
+        if self.recording is not None:
+            # After the tap: its last exchanges are in the writer's queue.
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("recording", asyncio.to_thread(self.recording.close, remaining / 2))
+        # After the tap: its last records may still be handed to the stage.
+        await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
+        if self.evaluation is not None:
+            # After relevance: its last scores are the last events; flushed within the deadline.
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("evaluation", self.evaluation.shutdown(remaining / 2))
+        if self.alerting is not None:
+            # Last alerts out (a resolve included) within the deadline; no new evaluations.
+            remaining = max(deadline - time.monotonic(), 0.1)
+            await step("alerting", self.alerting.shutdown(remaining / 2))
+        admin_runner, self._admin_runner = self._admin_runner, None
+        if admin_runner is not None:
+            await step("admin listener", admin_runner.cleanup())
+        self.admin_gate.close()
+        # The final OTLP export blocks; keep it off the loop and inside the deadline.
+        remaining = max(deadline - time.monotonic(), 0.1)
+        await step("telemetry", asyncio.to_thread(self.telemetry.shutdown, remaining))
+        if errors:
+            raise ExceptionGroup("semhealth shutdown had failures", errors)
+
+
+async def _listen(
+    runner: web.BaseRunner, address: Address, unix_path: str | None, gate: AdminGate
+) -> tuple[str, int]:
+    await runner.setup()
+    if unix_path is not None:
+        await web.UnixSite(runner, unix_path).start()
+        return address.host, address.port  # the forwarder's admin front listens there
+    return await start_site(runner, address.host, address.port, gate)
+
+
+def _url(address: tuple[str, int], scheme: str = "http") -> str:
+    host, port = address
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}"

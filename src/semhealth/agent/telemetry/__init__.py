@@ -1,0 +1,1 @@
+"""Telemetry: the instrument table, its buckets, the recorder and the OpenTelemetry pipeline."""

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from semhealth.agent.cli import build_parser, main, overrides
+from semhealth.agent.cli import build_parser, main
+from semhealth.agent.cli.run import overrides
 from semhealth.alerts.prometheus import render_rules
 from semhealth.alerts.rules import default_rule_entries, load_rules
 from tests.agent.prometheus_server import require_binary

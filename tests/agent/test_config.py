@@ -1720,7 +1720,8 @@ def test_a_bad_dataplane_setting_names_its_key(tmp_path: Path, setting: str, key
 
 
 def test_admin_lockdown_and_connection_limits_come_from_the_yaml(tmp_path: Path) -> None:
-    from semhealth.agent.cli import build_parser, overrides
+    from semhealth.agent.cli import build_parser
+    from semhealth.agent.cli.run import overrides
     from semhealth.agent.dataplane.settings import Hardening, hardening
 
     path = tmp_path / "semhealth.yaml"

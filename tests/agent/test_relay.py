@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
-from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.demo.simulator import RawScript
+from semhealth.agent.wire import Outcome
 from semhealth.collectors.collector import Exchange
 from tests.agent.conftest import running_stack
 

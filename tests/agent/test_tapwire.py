@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.tap import Tap
-from semhealth.agent.dataplane.sink import Outcome
-from semhealth.agent.dataplane.tapwire import (
+from semhealth.agent.dataplane.wiretap import WireTap
+from semhealth.agent.wire import (
     CLOSE,
     DATA,
     HEADER,
     OPEN,
+    Outcome,
     WireDecoder,
-    WireTap,
     decode_close,
     decode_open,
     encode_close,

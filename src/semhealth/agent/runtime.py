@@ -1,26 +1,59 @@
-"""What every process ``semhealth run`` starts has in common: its own flags before ``--``,
-the ``run`` arguments after it, and serving until a signal or its supervisor's end."""
+"""What every semhealth process has in common: logging, signals, the event loop, and, for the
+processes ``semhealth run`` starts, their own arguments and serving until a signal or their
+supervisor's end.
+
+A child of ``semhealth run`` (the analysis process, an extra forwarding process) parses only
+its own flags: its sockets, its worker number and the ``RunArgs`` the supervisor resolved
+once (the configuration file, the command line's overrides of it, ``--record``). It never
+re-reads the supervisor's command line, so it never builds the CLI's parser.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from semhealth.agent.cli import build_parser, resolve_config_file, run_async, stop_on_signals
-from semhealth.agent.config import ConfigError
+import orjson
+
+from semhealth.agent.config import ConfigError, load_config
 from semhealth.agent.errors import SemhealthError
+from semhealth.agent.replay.settings import RecordSettings
+from semhealth.alerts.errors import AlertsError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from semhealth.alerts.model import Rule
+
+log = logging.getLogger("semhealth")
 
 _PARENT_POLL_S = 0.5
 
-Serve = Callable[[argparse.Namespace, argparse.Namespace], Coroutine[Any, Any, int]]
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    """What ``semhealth run`` hands each process it starts, resolved once by the supervisor."""
+
+    config: str | None = None  # the YAML file, if any (``--config-if-present`` resolved)
+    overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    record: RecordSettings | None = None
+
+    def argv(self) -> tuple[str, ...]:
+        """The flags a child parses back into this (``child_parser``)."""
+        out: list[str] = []
+        if self.config is not None:
+            out += ["--config", self.config]
+        if self.overrides:
+            out += ["--overrides", orjson.dumps(dict(self.overrides)).decode()]
+        if self.record is not None:
+            out += ["--record", orjson.dumps(dataclasses.asdict(self.record)).decode()]
+        return tuple(out)
 
 
 class Part(Protocol):
@@ -29,26 +62,102 @@ class Part(Protocol):
     async def shutdown(self) -> None: ...
 
 
+class Reloadable(Protocol):
+    async def reload_alerts(self, rules: tuple[Rule, ...]) -> None: ...
+
+
+Serve = Callable[[argparse.Namespace, RunArgs], Coroutine[Any, Any, int]]
+
+
 def child_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--tap-socket", required=True)
     parser.add_argument("--admin-socket")
     parser.add_argument("--worker", type=int, default=0)
-    parser.add_argument("run_args", nargs=argparse.REMAINDER)
+    parser.add_argument("--config")
+    parser.add_argument("--overrides", type=orjson.loads, default={})
+    parser.add_argument("--record", type=orjson.loads, default=None)
     return parser
 
 
-def parse_child_args(
-    prog: str, argv: Sequence[str]
-) -> tuple[argparse.Namespace, argparse.Namespace]:
-    """(this child's flags, the ``semhealth run`` arguments it was started with)."""
+def parse_child_args(prog: str, argv: Sequence[str]) -> tuple[argparse.Namespace, RunArgs]:
+    """(this child's own flags, the ``RunArgs`` it was started with)."""
     own = child_parser(prog).parse_args(argv)
-    rest = list(own.run_args)
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
-    run = build_parser().parse_args(["run", *rest])
-    resolve_config_file(run)
-    return own, run
+    record = RecordSettings(**own.record) if own.record is not None else None
+    return own, RunArgs(config=own.config, overrides=own.overrides, record=record)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def stop_on_signals(on_hangup: Callable[[], None] | None = None) -> asyncio.Event:
+    """An event SIGINT and SIGTERM set; SIGHUP calls ``on_hangup`` when given."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if on_hangup is not None:
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    return stop
+
+
+async def serve_until_signal(
+    run_for: float | None, on_hangup: Callable[[], None] | None = None
+) -> None:
+    stop = stop_on_signals(on_hangup)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), run_for)
+
+
+async def reload_rules(agent: Reloadable, run: RunArgs) -> None:
+    """SIGHUP: load the configuration again and evaluate its alert rules from now on. A bad
+    file keeps the running rules, as a Prometheus reload does."""
+
+    def load() -> tuple[Rule, ...]:
+        # Checked and loaded in one go: a rules file edited in between cannot slip through.
+        return load_config(run.config, os.environ, dict(run.overrides)).alerts.load_rules()
+
+    try:
+        rules = await asyncio.to_thread(load)
+        await agent.reload_alerts(rules)
+    except (ConfigError, AlertsError, RuntimeError) as exc:
+        log.error("alert rules not reloaded; the running rules stay:\n%s", exc)
+        return
+    log.info("alert rules reloaded from %s: %d rules", run.config, len(rules))
+
+
+def run_async(main: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    result: int = uvloop.run(main)
+    return result
+
+
+def resolve_config_file(args: argparse.Namespace) -> None:
+    """``--config-if-present FILE`` becomes ``--config FILE`` when the file is there, and no
+    file otherwise (warned once the log is set up, by ``warn_missing_config``)."""
+    wanted = getattr(args, "config_if_present", None)
+    if wanted is not None:
+        args.config = wanted if os.path.exists(wanted) else None
+        args.config_missing = None if args.config else wanted
+
+
+def warn_missing_config(args: argparse.Namespace) -> None:
+    missing = getattr(args, "config_missing", None)
+    if missing:
+        log.warning(
+            "no configuration file at %s (is its ConfigMap in this namespace?): running on the "
+            "defaults and the command line",
+            missing,
+        )
 
 
 async def watch_parent(stop: asyncio.Event, parent: int) -> None:

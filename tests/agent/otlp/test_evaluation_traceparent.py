@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semhealth.agent.dataplane.tapwire import (
+from semhealth.agent.demo.simulator import Script, ScriptRequest
+from semhealth.agent.wire import (
     _META,
     HEADER,
     OPEN,
@@ -17,7 +18,6 @@ from semhealth.agent.dataplane.tapwire import (
     decode_open,
     encode_open,
 )
-from semhealth.agent.demo.simulator import Script, ScriptRequest
 from semhealth.collectors.collector import Exchange, parse_traceparent
 from semhealth.collectors.record import TraceRef
 from tests.agent.conftest import running_stack

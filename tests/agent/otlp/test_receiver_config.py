@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from semhealth.agent.cli import build_parser, main, overrides
+from semhealth.agent.cli import build_parser, main
+from semhealth.agent.cli.run import overrides
 from semhealth.agent.config import Address, ConfigError, default_config, load_config, schema_text
 from semhealth.agent.otlp.intake import intake_settings
 

@@ -16,11 +16,11 @@ import aiohttp
 import pytest
 
 from semhealth.agent.app import Agent, Settings
-from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.replay.format import decode_line
 from semhealth.agent.replay.recording import Recording
 from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange
 from tests.agent.conftest import agent_config
 from tests.agent.replay.traffic import script_for

@@ -26,10 +26,10 @@ from semhealth.agent.config import (
     Tolerances,
     load_config,
 )
-from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.shadow.live import Shadow, TokenBucket
 from semhealth.agent.shadow.offline import send_request
+from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange, StreamRecord
 from tests.agent.conftest import agent_config
 from tests.agent.shadow.test_live import LYON, PARIS, ROUTE, answering, ask, shadowed

@@ -14,10 +14,15 @@ import asyncio
 import os
 from collections.abc import Sequence
 
-from semhealth.agent.cli import overrides, reload_rules, setup_logging, stop_on_signals
-from semhealth.agent.cli.replay import record_settings
 from semhealth.agent.config import load_config
-from semhealth.agent.runtime import run_child, serve_until_stopped
+from semhealth.agent.runtime import (
+    RunArgs,
+    reload_rules,
+    run_child,
+    serve_until_stopped,
+    setup_logging,
+    stop_on_signals,
+)
 
 BACKGROUND_FAILURE_EXIT = 3  # a background task died; the supervisor restarts the process
 
@@ -28,11 +33,11 @@ BACKGROUND_FAILURE_EXIT = 3  # a background task died; the supervisor restarts t
 ANALYSIS_NICENESS = 10
 
 
-async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
+async def serve(own: argparse.Namespace, run: RunArgs) -> int:
     from semhealth.agent.app import Agent, Settings
 
     os.nice(ANALYSIS_NICENESS)
-    config = load_config(run.config, os.environ, overrides(run))
+    config = load_config(run.config, os.environ, dict(run.overrides))
     setup_logging(config.log.level)
     reloads: set[asyncio.Task[None]] = set()
     failed: list[str] = []
@@ -53,7 +58,7 @@ async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
         tap_socket=own.tap_socket,
         admin_socket=own.admin_socket,
         on_background_failure=background_failure,
-        record=record_settings(run),
+        record=run.record,
     )
     agent = Agent(config, settings)
     await serve_until_stopped(agent, own.parent, stop)

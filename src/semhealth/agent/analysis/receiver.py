@@ -15,13 +15,13 @@ import time
 from collections.abc import Iterable
 
 from semhealth.agent.analysis.tap import Tap, TapStream
-from semhealth.agent.dataplane.sink import Outcome
-from semhealth.agent.dataplane.tapwire import (
+from semhealth.agent.wire import (
     CLOSE,
     DATA,
     OPEN,
     STATS,
     ForwarderStats,
+    Outcome,
     WireDecoder,
     decode_close,
     decode_open,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.wire import Outcome
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config as CollectorsConfig
 from semhealth.collectors.record import StreamRecord

@@ -90,8 +90,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from tqdm import tqdm
 
-    from semhealth.agent.cli import run_async, setup_logging
     from semhealth.agent.replay.main import load_replay_config
+    from semhealth.agent.runtime import run_async, setup_logging
     from semhealth.agent.shadow.offline import Candidate, diff_candidate, diff_recordings
 
     config = load_replay_config(args.config)

@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from semhealth.agent.admin.answer import Answer
 from semhealth.agent.dataplane.relay import (
     ListenSettings,
     Relay,
     UpstreamSettings,
     error_body,
 )
-from semhealth.agent.dataplane.tapwire import WireTap
-from semhealth.embeddings import available_cpus
+from semhealth.agent.dataplane.wiretap import WireTap
+from semhealth.common.cpus import available_cpus
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -46,16 +47,6 @@ log = logging.getLogger(__name__)
 
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before a restart
 _STABLE_S = 60.0  # a child that ran this long restarts with the first wait again
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A response the admin front makes itself (health, or analysis being away)."""
-
-    status: int
-    body: bytes
-    content_type: str = "text/plain"
-    error: str | None = None  # X-Semhealth-Error
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +63,7 @@ class ForwarderSettings:
     analysis_grace_s: float = 60.0  # start-up wait for the analysis process
     web_config_file: str | None = None  # exporter-toolkit web.yml for the admin port
     alerts_endpoint: bool = True  # False: the admin port answers /alerts with 404
-    run_args: tuple[str, ...] = ()  # `semhealth run` arguments, for the children
+    child_args: tuple[str, ...] = ()  # RunArgs.argv(): what the children start with
 
 
 def resolve_workers(value: str | int | None) -> int:
@@ -196,8 +187,7 @@ class Forwarder:
             "--tap-socket",
             self.tap_socket,
             *extra,
-            "--",
-            *self._settings.run_args,
+            *self._settings.child_args,
         ]
 
     async def start(self) -> None:

@@ -30,7 +30,7 @@ from typing import cast
 import httptools
 import orjson
 
-from semhealth.agent.dataplane.sink import Outcome, StreamTap, TapSink
+from semhealth.agent.wire import Outcome, StreamTap, TapSink
 from semhealth.collectors.collector import Exchange
 
 log = logging.getLogger(__name__)

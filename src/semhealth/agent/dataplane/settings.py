@@ -65,7 +65,7 @@ def forwarder_settings(
     config: Config,
     *,
     workers: int,
-    run_args: tuple[str, ...],
+    child_args: tuple[str, ...],
     limits: Hardening | None = None,
 ) -> ForwarderSettings:
     """``workers`` is resolved by the caller: the command line's, else ``dataplane.workers``."""
@@ -81,5 +81,5 @@ def forwarder_settings(
         workers=workers,
         web_config_file=limits.web_config_file,
         alerts_endpoint=limits.alerts_endpoint,
-        run_args=run_args,
+        child_args=child_args,
     )

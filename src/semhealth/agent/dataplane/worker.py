@@ -11,18 +11,17 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from semhealth.agent.cli import overrides, setup_logging
 from semhealth.agent.config import load_config
 from semhealth.agent.dataplane.forwarder import Forwarder, resolve_workers
 from semhealth.agent.dataplane.settings import forwarder_settings, hardening
-from semhealth.agent.runtime import run_child, serve_until_stopped
+from semhealth.agent.runtime import RunArgs, run_child, serve_until_stopped, setup_logging
 
 
-async def serve(own: argparse.Namespace, run: argparse.Namespace) -> int:
-    config = load_config(run.config, os.environ, overrides(run))
+async def serve(own: argparse.Namespace, run: RunArgs) -> int:
+    config = load_config(run.config, os.environ, dict(run.overrides))
     setup_logging(config.log.level)
     workers = resolve_workers(config.dataplane.workers)
-    settings = forwarder_settings(config, workers=workers, run_args=(), limits=hardening(config))
+    settings = forwarder_settings(config, workers=workers, child_args=(), limits=hardening(config))
     forwarder = Forwarder(settings, worker=own.worker, runtime_dir=os.path.dirname(own.tap_socket))
     return await serve_until_stopped(forwarder, own.parent)
 

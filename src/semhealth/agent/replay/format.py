@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange
 
 VERSION = 1

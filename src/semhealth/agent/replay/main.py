@@ -32,7 +32,7 @@ def load_replay_config(path: str | None) -> Config:
 
 
 def replay_main(args: argparse.Namespace) -> int:
-    from semhealth.agent.cli import run_async, setup_logging
+    from semhealth.agent.runtime import run_async, setup_logging
 
     config = load_replay_config(args.config)
     setup_logging("warning")

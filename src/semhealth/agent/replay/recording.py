@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from semhealth.agent.dataplane.sink import Outcome
 from semhealth.agent.replay.format import encode_exchange
 from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,6 @@
-"""The tap wire: copies of the relay's traffic, framed and sent to the analysis process
-over a Unix socket in batches (every 50 ms, or at the end of the loop iteration once 4 KiB
-are waiting), never awaited.
-
-A frame is a fixed header, ``<BIQI``: kind, stream id, monotonic ns, payload length, then
-the payload. ``OPEN`` carries the exchange's facts (JSON; keys added since are optional, so
-neighbouring versions of the two ends read each other) and the request body copy, ``DATA`` a
-body chunk as it arrived, ``CLOSE`` the outcome, ``STATS`` the forwarder's own counters
-(absolute values, so a restarted analysis process picks them up whole).
+"""The forwarder's end of the tap wire: copies of the relay's traffic, framed
+(``semhealth.agent.wire``) and sent to the analysis process over a Unix socket in batches
+(every 50 ms, or at the end of the loop iteration once 4 KiB are waiting), never awaited.
 
 The forwarder's side keeps the bytes it has not yet handed to the kernel under a budget:
 past it, data frames are shed and counted (``dropped{stage="tap"}``) and the stream is
@@ -22,119 +16,29 @@ import contextlib
 import functools
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from dataclasses import asdict
+from typing import cast
 
 import orjson
 
-from semhealth.agent.dataplane.sink import Outcome
+from semhealth.agent.wire import (
+    DATA,
+    HEADER,
+    STATS,
+    ForwarderStats,
+    Outcome,
+    encode_close,
+    encode_open,
+)
 from semhealth.collectors.collector import Exchange
 
 log = logging.getLogger(__name__)
 
-HEADER = struct.Struct("<BIQI")
-OPEN, DATA, CLOSE, STATS = 1, 2, 3, 4
-_META = struct.Struct("<I")
-_MAX_PAYLOAD = 64 * 1024 * 1024  # a frame longer than this means the stream is corrupt
 _RECONNECT_S = (0.05, 2.0)  # first and longest wait between connection attempts
 FLUSH_S = 0.05  # the longest a trickle of copies waits in the forwarder before it is sent
 FLUSH_BYTES = 4 * 1024  # this much waiting goes at the end of the loop iteration
-
-
-@dataclass(slots=True)
-class ForwarderStats:
-    """One forwarding process's counters, sent whole in every ``STATS`` frame."""
-
-    worker: int = 0
-    pid: int = 0
-    active_streams: int = 0
-    streams_opened: int = 0
-    chunks_dropped: int = 0
-    streams_shed: int = 0
-    wire_resets: int = 0
-    analysis_restarts: int = 0  # worker 0 supervises the analysis process
-    requests_unanalysed: dict[str, int] = field(default_factory=dict)
-    requests_rejected: dict[str, int] = field(default_factory=dict)
-    relay_errors: dict[str, int] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- encoding
-
-
-def encode_open(stream_id: int, exchange: Exchange) -> bytes:
-    meta = orjson.dumps(
-        {
-            "method": exchange.method,
-            "path": exchange.path,
-            "status": exchange.status,
-            "content_type": exchange.content_type,
-            "content_encoding": exchange.content_encoding,
-            "response_ns": exchange.response_ns,
-            "request_skip": exchange.request_skip,
-            "ratelimit_source": exchange.ratelimit_source,
-            "has_body": exchange.request_body is not None,
-            **_optional(exchange),
-        }
-    )
-    body = exchange.request_body or b""
-    size = _META.size + len(meta) + len(body)
-    head = HEADER.pack(OPEN, stream_id, exchange.start_ns, size) + _META.pack(len(meta))
-    return head + meta + body
-
-
-def decode_open(start_ns: int, payload: bytes) -> Exchange:
-    (meta_len,) = _META.unpack_from(payload)
-    end = _META.size + meta_len
-    meta = orjson.loads(payload[_META.size : end])
-    return Exchange(
-        method=meta["method"],
-        path=meta["path"],
-        start_ns=start_ns,
-        status=meta["status"],
-        content_type=meta["content_type"],
-        content_encoding=meta["content_encoding"],
-        response_ns=meta["response_ns"],
-        request_body=payload[end:] if meta["has_body"] else None,
-        request_skip=meta["request_skip"],
-        ratelimit_source=meta["ratelimit_source"],
-        traceparent=meta.get("traceparent"),
-    )
-
-
-def _optional(exchange: Exchange) -> dict[str, str]:
-    """Keys an OPEN frame carries only when set. The meta is a JSON object read by key, so a
-    key added here is ignored by an older reader and absent keys read as None by a newer one:
-    forwarders and analysis of neighbouring versions still understand each other."""
-    return {} if exchange.traceparent is None else {"traceparent": exchange.traceparent}
-
-
-def encode_close(stream_id: int, outcome: Outcome, shed: bool) -> bytes:
-    payload = orjson.dumps(
-        {
-            "client_aborted": outcome.client_aborted,
-            "upstream_aborted": outcome.upstream_aborted,
-            "error_type": outcome.error_type,
-            "shed": shed,
-        }
-    )
-    return HEADER.pack(CLOSE, stream_id, outcome.end_ns, len(payload)) + payload
-
-
-def decode_close(end_ns: int, payload: bytes) -> tuple[Outcome, bool]:
-    meta = orjson.loads(payload)
-    outcome = Outcome(
-        end_ns=end_ns,
-        client_aborted=meta["client_aborted"],
-        upstream_aborted=meta["upstream_aborted"],
-        error_type=meta["error_type"],
-    )
-    return outcome, bool(meta["shed"])
-
-
-# --------------------------------------------------------------------------- forwarder side
 
 
 class _WireStream:
@@ -370,37 +274,3 @@ class _WireProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._lost.done():
             self._lost.set_result(None)
-
-
-# --------------------------------------------------------------------------- analysis side
-
-
-class WireDecoder:
-    """Frames out of a byte stream; sans-IO so it can be property-tested on any split."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
-        """Complete frames as (kind, stream id, time ns, payload); raises on a corrupt one."""
-        buf = self._buf
-        buf += data
-        frames = []
-        pos = 0
-        size = len(buf)
-        while size - pos >= HEADER.size:
-            kind, stream_id, t, length = HEADER.unpack_from(buf, pos)
-            if kind not in (OPEN, DATA, CLOSE, STATS) or length > _MAX_PAYLOAD:
-                raise ValueError(f"corrupt tap frame (kind {kind}, length {length})")
-            end = pos + HEADER.size + length
-            if end > size:
-                break
-            frames.append((kind, stream_id, t, bytes(buf[pos + HEADER.size : end])))
-            pos = end
-        del buf[:pos]
-        return frames
-
-
-def stats_from(payload: bytes) -> ForwarderStats:
-    data: dict[str, Any] = orjson.loads(payload)
-    return ForwarderStats(**data)

@@ -1,0 +1,180 @@
+"""The tap wire, the one boundary between the planes: what the relay hands analysis, and
+how it is framed between the forwarding process and the analysis process.
+
+What the relay hands analysis is one handle per exchange, fed chunk copies, closed once
+(``TapSink``, ``StreamTap``, ``Outcome``). Two sinks implement it: the in-process ``Tap``
+(tests, the demo, embedding) and the forwarder's ``WireTap``, which frames copies for the
+analysis process. Neither may block or raise into the relay: a sink that cannot keep up
+sheds and counts.
+
+A frame is a fixed header, ``<BIQI``: kind, stream id, monotonic ns, payload length, then
+the payload. ``OPEN`` carries the exchange's facts (JSON; keys added since are optional, so
+neighbouring versions of the two ends read each other) and the request body copy, ``DATA`` a
+body chunk as it arrived, ``CLOSE`` the outcome, ``STATS`` the forwarder's own counters
+(absolute values, so a restarted analysis process picks them up whole). Both processes
+import this module; it imports neither plane.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from semhealth.collectors.collector import Exchange
+
+HEADER = struct.Struct("<BIQI")
+OPEN, DATA, CLOSE, STATS = 1, 2, 3, 4
+_META = struct.Struct("<I")
+_MAX_PAYLOAD = 64 * 1024 * 1024  # a frame longer than this means the stream is corrupt
+
+
+@dataclass(slots=True, kw_only=True)
+class Outcome:
+    """How an exchange ended, from the relay's side."""
+
+    end_ns: int
+    client_aborted: bool = False
+    upstream_aborted: bool = False
+    error_type: str | None = None
+
+
+class StreamTap(Protocol):
+    def offer(self, chunk: bytes, t: int) -> None:
+        """A copy of body bytes already written to the client, with their arrival time."""
+
+    def close(self, outcome: Outcome) -> None:
+        """The exchange ended; called once."""
+
+
+class TapSink(Protocol):
+    def open_stream(self, exchange: Exchange) -> StreamTap: ...
+
+    def unanalysed(self, reason: str) -> None:
+        """A request forwarded without its body copied for analysis (``oversized``)."""
+
+
+@dataclass(slots=True)
+class ForwarderStats:
+    """One forwarding process's counters, sent whole in every ``STATS`` frame."""
+
+    worker: int = 0
+    pid: int = 0
+    active_streams: int = 0
+    streams_opened: int = 0
+    chunks_dropped: int = 0
+    streams_shed: int = 0
+    wire_resets: int = 0
+    analysis_restarts: int = 0  # worker 0 supervises the analysis process
+    requests_unanalysed: dict[str, int] = field(default_factory=dict)
+    requests_rejected: dict[str, int] = field(default_factory=dict)
+    relay_errors: dict[str, int] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode_open(stream_id: int, exchange: Exchange) -> bytes:
+    meta = orjson.dumps(
+        {
+            "method": exchange.method,
+            "path": exchange.path,
+            "status": exchange.status,
+            "content_type": exchange.content_type,
+            "content_encoding": exchange.content_encoding,
+            "response_ns": exchange.response_ns,
+            "request_skip": exchange.request_skip,
+            "ratelimit_source": exchange.ratelimit_source,
+            "has_body": exchange.request_body is not None,
+            **_optional(exchange),
+        }
+    )
+    body = exchange.request_body or b""
+    size = _META.size + len(meta) + len(body)
+    head = HEADER.pack(OPEN, stream_id, exchange.start_ns, size) + _META.pack(len(meta))
+    return head + meta + body
+
+
+def decode_open(start_ns: int, payload: bytes) -> Exchange:
+    (meta_len,) = _META.unpack_from(payload)
+    end = _META.size + meta_len
+    meta = orjson.loads(payload[_META.size : end])
+    return Exchange(
+        method=meta["method"],
+        path=meta["path"],
+        start_ns=start_ns,
+        status=meta["status"],
+        content_type=meta["content_type"],
+        content_encoding=meta["content_encoding"],
+        response_ns=meta["response_ns"],
+        request_body=payload[end:] if meta["has_body"] else None,
+        request_skip=meta["request_skip"],
+        ratelimit_source=meta["ratelimit_source"],
+        traceparent=meta.get("traceparent"),
+    )
+
+
+def _optional(exchange: Exchange) -> dict[str, str]:
+    """Keys an OPEN frame carries only when set. The meta is a JSON object read by key, so a
+    key added here is ignored by an older reader and absent keys read as None by a newer one:
+    forwarders and analysis of neighbouring versions still understand each other."""
+    return {} if exchange.traceparent is None else {"traceparent": exchange.traceparent}
+
+
+def encode_close(stream_id: int, outcome: Outcome, shed: bool) -> bytes:
+    payload = orjson.dumps(
+        {
+            "client_aborted": outcome.client_aborted,
+            "upstream_aborted": outcome.upstream_aborted,
+            "error_type": outcome.error_type,
+            "shed": shed,
+        }
+    )
+    return HEADER.pack(CLOSE, stream_id, outcome.end_ns, len(payload)) + payload
+
+
+def decode_close(end_ns: int, payload: bytes) -> tuple[Outcome, bool]:
+    meta = orjson.loads(payload)
+    outcome = Outcome(
+        end_ns=end_ns,
+        client_aborted=meta["client_aborted"],
+        upstream_aborted=meta["upstream_aborted"],
+        error_type=meta["error_type"],
+    )
+    return outcome, bool(meta["shed"])
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+class WireDecoder:
+    """Frames out of a byte stream; sans-IO so it can be property-tested on any split."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
+        """Complete frames as (kind, stream id, time ns, payload); raises on a corrupt one."""
+        buf = self._buf
+        buf += data
+        frames = []
+        pos = 0
+        size = len(buf)
+        while size - pos >= HEADER.size:
+            kind, stream_id, t, length = HEADER.unpack_from(buf, pos)
+            if kind not in (OPEN, DATA, CLOSE, STATS) or length > _MAX_PAYLOAD:
+                raise ValueError(f"corrupt tap frame (kind {kind}, length {length})")
+            end = pos + HEADER.size + length
+            if end > size:
+                break
+            frames.append((kind, stream_id, t, bytes(buf[pos + HEADER.size : end])))
+            pos = end
+        del buf[:pos]
+        return frames
+
+
+def stats_from(payload: bytes) -> ForwarderStats:
+    data: dict[str, Any] = orjson.loads(payload)
+    return ForwarderStats(**data)

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from semhealth.collectors.record import StructureRequest
-from semhealth.collectors.validity import SchemaCache, ValidityResult, validate_record
+from semhealth.collectors.record import StructureRequest, ValidityResult
+from semhealth.collectors.validity import SchemaCache, validate_record
 from tests.collectors.test_validity import INVOICE, WEATHER_TOOL, call, check, record
 
 

@@ -159,7 +159,8 @@ _LINES = st.lists(
 def test_any_chunking_of_valid_stream_gives_the_same_frames_as_one_chunk(
     lines: list[bytes], ending: bytes, final_newline: bool, data: st.DataObject
 ) -> None:
-    lines = [line.removesuffix(b"\r") for line in lines]
+    # A CR that ends a line is read as half of a CRLF ending, at the stream's end too.
+    lines = [line.rstrip(b"\r") for line in lines]
     lines = [line for line in lines if line.strip(b" \t\r")]
     stream = ending.join(lines) + (ending if final_newline and lines else b"")
     points = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))

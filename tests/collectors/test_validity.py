@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from semhealth.collectors.json_check import JSONChecker
-from semhealth.collectors.record import RequestFacts, StreamRecord, StructureRequest, ToolCall
-from semhealth.collectors.validity import (
-    SchemaCache,
+from semhealth.collectors.record import (
+    RequestFacts,
+    StreamRecord,
+    StructureRequest,
+    ToolCall,
     ValidityResult,
-    check_output,
-    schema_key,
-    validate_record,
 )
+from semhealth.collectors.validity import SchemaCache, check_output, schema_key, validate_record
 
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 DRAFT2019 = "https://json-schema.org/draft/2019-09/schema"

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from semhealth.alerts import templates
-from semhealth.alerts._rule_shape import Finding, Where, dotted, one_of, show
+from semhealth.alerts._rule_shape import Finding, Where, dotted, one_of
 from semhealth.alerts.durations import parse_duration
 from semhealth.alerts.model import Aggregation, Baseline, Comparison, Rule, Thresholds
 from semhealth.alerts.signals import SIGNALS, Signal, signal_named
+from semhealth.common.words import show
 
 REQUIRED = ("name", "signal", "aggregation", "window", "op", "threshold")
 DURATION_FIX = (

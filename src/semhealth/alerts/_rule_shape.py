@@ -13,6 +13,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
 
+from semhealth.common.words import kind_of, show
+
 Where = tuple[str | int, ...]
 
 
@@ -26,34 +28,6 @@ class Finding:
 
 
 # -- words ----------------------------------------------------------------------------------
-
-
-def show(value: Any) -> str:
-    """A short rendering of a rule value (configuration, never traffic, so it may be shown)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, int):
-        return str(value)
-    text = str(value)
-    # repr escapes newlines, so one issue always stays on one line.
-    return repr(text[:60] + "…") if len(text) > 60 else repr(text)
-
-
-def kind_of(value: Any) -> str:
-    """What a value is, in words, for "expected ..., got ..." messages."""
-    if isinstance(value, str):
-        return f"the string {show(value)}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"the number {show(value)}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return show(value) if value is None or isinstance(value, bool) else type(value).__name__
 
 
 def one_of(value: str, allowed: Iterable[str]) -> str:

@@ -25,9 +25,10 @@ import yaml
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from semhealth.alerts._rule_checks import REQUIRED, check_rule
-from semhealth.alerts._rule_shape import Finding, dotted, kind_of, shape_findings
+from semhealth.alerts._rule_shape import Finding, dotted, shape_findings
 from semhealth.alerts.errors import RuleError, RuleIssue
 from semhealth.alerts.model import Rule
+from semhealth.common.words import kind_of
 
 _PACKAGE = "semhealth.alerts"
 # libyaml's loader when PyYAML was built with it: the same documents, several times faster.

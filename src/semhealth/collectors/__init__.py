@@ -11,7 +11,7 @@ from semhealth.collectors.config import (
     Route,
     default_config,
 )
-from semhealth.collectors.continuity import Continuity, intervals_s, measure_continuity, quantile
+from semhealth.collectors.continuity import intervals_s, measure_continuity, quantile
 from semhealth.collectors.frames import DecodeError, Decoder, Frame
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.json_body import JSONBodyDecoder
@@ -19,6 +19,7 @@ from semhealth.collectors.json_check import JSONChecker
 from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
 from semhealth.collectors.ndjson import NDJSONDecoder
 from semhealth.collectors.record import (
+    Continuity,
     RequestFacts,
     StreamRecord,
     StreamState,
@@ -26,10 +27,11 @@ from semhealth.collectors.record import (
     ToolCall,
     TraceRef,
     Usage,
+    ValidityResult,
 )
 from semhealth.collectors.request import extract_request, validate_jsonpath
 from semhealth.collectors.sse import SSEDecoder
-from semhealth.collectors.validity import SchemaCache, ValidityResult, check_output, validate_record
+from semhealth.collectors.validity import SchemaCache, check_output, validate_record
 
 __all__ = [
     "FRAMINGS",

@@ -21,10 +21,17 @@ from typing import Any
 
 from semhealth.collectors.adapters.registry import detect_provider, make_adapter
 from semhealth.collectors.config import Config, Extract, Route
-from semhealth.collectors.continuity import Continuity, continuity_of
+from semhealth.collectors.continuity import continuity_of
 from semhealth.collectors.frames import Decoder
 from semhealth.collectors.framing import detect_framing, make_decoder
-from semhealth.collectors.record import RequestFacts, StreamRecord, StreamState, TraceRef, Usage
+from semhealth.collectors.record import (
+    Continuity,
+    RequestFacts,
+    StreamRecord,
+    StreamState,
+    TraceRef,
+    Usage,
+)
 from semhealth.collectors.request import extract_request
 from semhealth.collectors.validity import SchemaCache, validate_record
 

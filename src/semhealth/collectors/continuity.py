@@ -12,22 +12,8 @@ import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from semhealth.collectors.record import StreamRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Continuity:
-    """Timing summary of one stream, in seconds. Gap fields are None with fewer than two deltas."""
-
-    ttft_s: float | None
-    deltas: int
-    index_s: float | None
-    p50_gap_s: float | None
-    p95_gap_s: float | None
-    max_gap_s: float | None
-    stalls: int
+from semhealth.collectors.record import Continuity, StreamRecord
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

@@ -14,7 +14,7 @@ are when the chunk carrying that fact arrived from the upstream.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from semhealth.collectors.events import (
     AdapterEvent,
@@ -28,9 +28,37 @@ from semhealth.collectors.events import (
     UsageReport,
 )
 
-if TYPE_CHECKING:  # both modules read StreamRecord, so the record names their types lazily
-    from semhealth.collectors.continuity import Continuity
-    from semhealth.collectors.validity import ValidityResult
+# The results the record carries, measured where it is built (continuity.py, validity.py):
+# declared here, beside the record, so those modules import the record and not the reverse.
+ValidityKind = Literal["valid", "truncated", "syntax", "schema", "contract", "schema_error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Continuity:
+    """Timing summary of one stream, in seconds. Gap fields are None with fewer than two deltas."""
+
+    ttft_s: float | None
+    deltas: int
+    index_s: float | None
+    p50_gap_s: float | None
+    p95_gap_s: float | None
+    max_gap_s: float | None
+    stalls: int
+
+
+@dataclass(frozen=True, slots=True)
+class ValidityResult:
+    """The verdict on one structured output.
+
+    ``target`` is ``content`` for the message text, ``tool:<name>`` for the arguments of a
+    call to a tool the request declared, and a bare ``tool`` for a call to a tool it did
+    not declare (that name is model output, so it is never repeated).
+    """
+
+    result: ValidityKind
+    target: str = "content"
+    reasons: tuple[str, ...] = ()
+    offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from jsonpath_ng.ext import parse as _jsonpath_parse  # type: ignore[import-unty
 
 from semhealth.collectors.config import Extract
 from semhealth.collectors.record import RequestFacts, StructureRequest
+from semhealth.common.text import CHARS_PER_TOKEN, estimate_tokens
 
 CHUNK_CHARS = 1000
 """Default upper bound on the length of one context chunk, in characters."""
@@ -42,32 +43,6 @@ _TOOL_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 # Split *after* a sentence end so each piece keeps its terminator.
 _SENTENCE_END = re.compile("(?<=[.!?] )|(?<=[\u3002\uff01\uff1f\n])")
-# Characters counted one token each: the letters of the CJK scripts. Han (the URO, extensions
-# A to I, compatibility ideographs, radicals), Hiragana, Katakana (with its phonetic
-# extensions and halfwidth forms), and Hangul (syllables, jamo and their extensions,
-# halfwidth forms). The embeddings' batcher estimates tokens and routes requests with the same
-# set; the two packages never import each other, so tests/test_twins.py pins them equal.
-CJK_CLASS = (
-    "["
-    "\u1100-\u11ff"  # Hangul Jamo
-    "\u2e80-\u2fdf"  # CJK Radicals Supplement, Kangxi Radicals
-    "\u3005\u3007\u3021-\u3029\u3038-\u303b"  # ideographic iteration mark, numerals
-    "\u3040-\u30ff"  # Hiragana, Katakana
-    "\u3130-\u318f"  # Hangul Compatibility Jamo
-    "\u31f0-\u31ff"  # Katakana Phonetic Extensions
-    "\u3400-\u4dbf"  # CJK Unified Ideographs Extension A
-    "\u4e00-\u9fff"  # CJK Unified Ideographs
-    "\ua960-\ua97f"  # Hangul Jamo Extended-A
-    "\uac00-\ud7ff"  # Hangul Syllables, Hangul Jamo Extended-B
-    "\uf900-\ufaff"  # CJK Compatibility Ideographs
-    "\uff66-\uff9f"  # Halfwidth Katakana
-    "\uffa0-\uffdc"  # Halfwidth Hangul
-    "\U0001b000-\U0001b16f"  # Kana Supplement, Kana Extended-A, Small Kana Extension
-    "\U00020000-\U0003134f"  # Extensions B to G, Compatibility Ideographs Supplement
-    "\U00031350-\U000323af"  # Extension H
-    "]"
-)
-_CJK = re.compile(CJK_CLASS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +121,7 @@ def unanalysed(
     body still lands in ``long_context``. Without ``long_context_tokens`` the class
     is ``short``.
     """
-    estimate = math.ceil(max(body_bytes, 0) / 4)
+    estimate = math.ceil(max(body_bytes, 0) / CHARS_PER_TOKEN)
     facts = RequestFacts(analysed=False, skip_reason=reason, input_tokens_estimate=estimate)
     return facts, _prompt_class(estimate, long_context_tokens)
 
@@ -191,22 +166,6 @@ def chunk_text(text: str, *, max_chars: int = CHUNK_CHARS) -> list[str]:
     if parts:
         chunks.append("".join(parts))
     return [chunk.strip() for chunk in chunks if chunk.strip()]
-
-
-def estimate_tokens(texts: Iterable[str]) -> int:
-    """Estimate the input tokens of ``texts`` without a tokenizer.
-
-    CJK characters (Han, Hiragana, Katakana, Hangul) count one token each; all
-    other characters together count one token per four, rounded up. Used only to
-    choose the prompt class: the upstream's reported usage is the real count.
-    """
-    cjk = 0
-    other = 0
-    for text in texts:
-        rest = len(_CJK.sub("", text))
-        cjk += len(text) - rest
-        other += rest
-    return cjk + math.ceil(other / 4)
 
 
 # --- assembling facts -------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import referencing
@@ -52,9 +52,14 @@ from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS  # type: ignore[import-untyped]
 
 from semhealth.collectors.json_check import JSONChecker
-from semhealth.collectors.record import StreamRecord, StructureRequest, ToolCall
+from semhealth.collectors.record import (
+    StreamRecord,
+    StructureRequest,
+    ToolCall,
+    ValidityKind,
+    ValidityResult,
+)
 
-ValidityKind = Literal["valid", "truncated", "syntax", "schema", "contract", "schema_error"]
 Schema = dict[str, Any] | bool
 
 TRUNCATING_FINISH_REASONS = frozenset({"length", "max_tokens"})
@@ -87,21 +92,6 @@ _PROBLEM_TEXT = {
 }
 _REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
 _JSON_KINDS = ("json_object", "json_schema")
-
-
-@dataclass(frozen=True, slots=True)
-class ValidityResult:
-    """The verdict on one structured output.
-
-    ``target`` is ``content`` for the message text, ``tool:<name>`` for the arguments of a
-    call to a tool the request declared, and a bare ``tool`` for a call to a tool it did
-    not declare (that name is model output, so it is never repeated).
-    """
-
-    result: ValidityKind
-    target: str = "content"
-    reasons: tuple[str, ...] = ()
-    offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from semhealth.common.cpus import available_cpus
 from semhealth.embeddings.availability import (
     BACKEND_PACKAGES,
     EncoderChoice,
@@ -29,7 +30,6 @@ from semhealth.embeddings.config import (
     Use,
     default_config,
 )
-from semhealth.embeddings.cpus import available_cpus
 from semhealth.embeddings.errors import (
     BackendError,
     Closed,
@@ -40,8 +40,9 @@ from semhealth.embeddings.errors import (
 )
 
 if TYPE_CHECKING:
+    from semhealth.common.text import estimate_tokens
     from semhealth.embeddings.backend import Backend, Embedder, Vectors, normalize_rows
-    from semhealth.embeddings.batcher import BatcherStats, MicroBatcher, estimate_tokens
+    from semhealth.embeddings.batcher import BatcherStats, MicroBatcher
     from semhealth.embeddings.cache import Cache, CacheStats
     from semhealth.embeddings.calibration import (
         Calibration,

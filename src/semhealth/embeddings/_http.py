@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 from yarl import URL
 
-from semhealth.embeddings._text import utf8_safe
+from semhealth.common.text import utf8_safe
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.errors import BackendError
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from semhealth.embeddings._text import utf8_safe
+from semhealth.common.text import utf8_safe
 from semhealth.embeddings.backend import Vectors
 
 SERVICE = "semhealth.scorer.v1.Scorer"

@@ -22,7 +22,6 @@ are not padded to long ones) and splits them into backend calls of at most
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,24 +29,22 @@ from functools import partial
 
 import numpy as np
 
-from semhealth.embeddings._text import cjk_count, utf8_safe
+from semhealth.common.text import estimate_tokens as _estimate
+from semhealth.common.text import utf8_safe
 from semhealth.embeddings.backend import Backend, Vectors
 from semhealth.embeddings.cache import Cache, CacheStats, Vector
 from semhealth.embeddings.config import DEFAULT_CACHE_ENTRIES, Batching
 from semhealth.embeddings.errors import BackendError, Closed, EmbeddingError, Overloaded
 
-CHARS_PER_TOKEN = 4
 # Weight of the newest batch in the batch-cost estimate: about the last five batches count,
 # so the estimate follows a change of load (batch sizes) within a second or two.
 THROUGHPUT_WEIGHT = 0.3
 
 
 def estimate_tokens(text: str) -> int:
-    """A cheap token estimate: one per CJK character, one per four other characters (min 1)."""
-    if text.isascii():
-        return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
-    cjk = cjk_count(text)
-    return max(1, cjk + math.ceil((len(text) - cjk) / CHARS_PER_TOKEN))
+    """A text's cost in a batch: the shared estimate (``semhealth.common.text``), at least one
+    token, since even an empty text takes a row."""
+    return max(1, _estimate((text,)))
 
 
 @dataclass(frozen=True, slots=True)

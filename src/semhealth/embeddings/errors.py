@@ -1,6 +1,6 @@
-"""Errors the embeddings package raises.
+"""Errors the embeddings package raises: its branch of ``semhealth.common.errors``' tree.
 
-    EmbeddingError            root of every error this package raises on purpose
+    EmbeddingError            (a SemhealthError) root of every error this package raises on purpose
      ├── Overloaded           the queue has no room: the caller sheds the work (never retried)
      ├── Closed               the batcher is not running (not started, or shut down)
      └── BackendError         a backend failed a batch; ``retryable``: may a later try pass?
@@ -13,10 +13,10 @@ calls them, with ``raise ... from exc``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from semhealth.common.errors import Issue, SemhealthError
 
 
-class EmbeddingError(Exception):
+class EmbeddingError(SemhealthError):
     """Root of the errors this package raises on purpose; catch this to catch them all."""
 
 
@@ -57,18 +57,6 @@ class ModelLoadError(BackendError):
         super().__init__(message, retryable=False)
 
 
-@dataclass(frozen=True, slots=True)
-class ConfigIssue:
-    """One thing wrong with an embeddings configuration, and how to fix it.
-
-    ``path`` names the key relative to the config that found it (``batching.max_batch``);
-    the agent re-roots it under ``embeddings.`` and reports it with its own issues.
-    """
-
-    path: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        path = f"{self.path}: " if self.path else ""
-        return f"{path}{self.message} (fix: {self.fix})"
+# The issue type every check reports; its ``path`` is relative to the embeddings config that
+# found it (``batching.max_batch``), and the agent re-roots it under ``embeddings.``.
+ConfigIssue = Issue

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from semhealth.common.cpus import available_cpus
 from semhealth.embeddings._model_thread import ModelThread
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.config import DEFAULT_MODEL
-from semhealth.embeddings.cpus import available_cpus
 from semhealth.embeddings.errors import BackendError, ModelLoadError
 
 if TYPE_CHECKING:

@@ -28,10 +28,10 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from semhealth.common.cpus import available_cpus
 from semhealth.embeddings._model_thread import ModelThread
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.config import E5_MODEL
-from semhealth.embeddings.cpus import available_cpus
 from semhealth.embeddings.errors import BackendError, ModelLoadError
 
 E5_DIM = 384

@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import ArrayLike
 
-from semhealth.embeddings._text import CJK, CJK_CLASS
+from semhealth.common.text import CJK, CJK_CLASS
 from semhealth.embeddings.backend import Embedder
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import POOLINGS, Config

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from semhealth.embeddings._text import has_cjk
+from semhealth.common.text import has_cjk
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.relevance import RelevanceScorer, RelevanceScores
 

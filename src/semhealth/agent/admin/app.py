@@ -27,6 +27,7 @@ from aiohttp import web
 # into the forwarding process, which imports this one for its admin front.
 from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
+from semhealth.agent.admin.answer import Answer
 from semhealth.agent.admin.webconfig import (
     Authenticator,
     TokenBucket,
@@ -38,7 +39,6 @@ from semhealth.agent.admin.webconfig import (
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider
 
-    from semhealth.agent.dataplane.forwarder import Answer
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 AUTH_FAILURES = "semhealth_admin_auth_failures"  # exporters add _total

@@ -27,8 +27,8 @@ from semhealth.collectors import (
     Route,
     validate_jsonpath,
 )
+from semhealth.common.words import show
 
-TLS_FILES = ("ca_file", "client_cert", "client_key")
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 # OTLP examples by protocol: gRPC takes the collector's address, OTLP/HTTP the full URL.
 OTLP_EXAMPLES = {
@@ -82,34 +82,6 @@ def one_of(value: str, allowed: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value.lower(), allowed, n=1)
     listed = ", ".join(allowed)
     return f"did you mean '{close[0]}'? (one of: {listed})" if close else f"use one of: {listed}"
-
-
-def show(value: Any) -> str:
-    """A short rendering of a config value (config, never traffic, so it may be shown)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return f"{value:g}" if isinstance(value, float) else str(value)
-    text = str(value)
-    # repr escapes newlines, so one issue always stays on one line.
-    return repr(text[:60] + "…") if len(text) > 60 else repr(text)
-
-
-def kind_of(value: Any) -> str:
-    """What a value is, in words, for "expected ..., got ..." messages."""
-    if isinstance(value, str):
-        return f"the string {show(value)}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"the number {show(value)}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    if value is None or isinstance(value, bool):
-        return show(value)
-    return f"a {type(value).__name__}"
 
 
 # -- upstream and listen --------------------------------------------------------------------

@@ -14,8 +14,11 @@ from typing import Any
 
 import yaml
 
-from semhealth.agent.config.checks import TLS_FILES, kind_of
 from semhealth.agent.errors import ConfigIssue
+from semhealth.common.words import kind_of
+
+# The TLS sections' file settings: resolved against the file's folder here, checked in checks.
+TLS_FILES = ("ca_file", "client_cert", "client_key")
 
 Path = tuple[Any, ...]  # keys and list indices from the document root
 

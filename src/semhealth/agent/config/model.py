@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from semhealth.agent.config import checks
+from semhealth.agent.config.document import TLS_FILES
 from semhealth.agent.errors import ConfigIssue
 from semhealth.alerts import Rule, RuleError, load_rules
 from semhealth.collectors import config as collectors_config
+from semhealth.common.words import show
 from semhealth.embeddings import config as embeddings_config
 from semhealth.embeddings import profile_issues, resolve_profile
 
@@ -73,9 +75,7 @@ class TLS:
 
     def validate(self) -> list[ConfigIssue]:
         issues = [
-            issue
-            for name in checks.TLS_FILES
-            for issue in checks.file_issues(name, getattr(self, name))
+            issue for name in TLS_FILES for issue in checks.file_issues(name, getattr(self, name))
         ]
         if self.client_cert is not None and self.client_key is None:
             issues.append(
@@ -140,7 +140,7 @@ class Upstream:
         issues += checks.under("tls", self.tls.validate())
         issues += checks.under("timeouts", self.timeouts.validate())
         plain = self.url is not None and self.url.lower().startswith("http://")
-        if plain and any(getattr(self.tls, name) is not None for name in checks.TLS_FILES):
+        if plain and any(getattr(self.tls, name) is not None for name in TLS_FILES):
             # Someone who configured certificates expects TLS; plain text would surprise them.
             issues.append(
                 ConfigIssue(
@@ -318,7 +318,7 @@ class Relevance:
             issues.append(
                 ConfigIssue(
                     "enabled",
-                    f"unknown enabled {checks.show(self.enabled)}",
+                    f"unknown enabled {show(self.enabled)}",
                     "use auto, true or false",
                 )
             )

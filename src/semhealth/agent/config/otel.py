@@ -24,10 +24,11 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from semhealth.agent.config.checks import protocol_issues, show
+from semhealth.agent.config.checks import protocol_issues
 from semhealth.agent.config.document import Document, Origin, Path, dotted
 from semhealth.agent.config.model import OTLP, OTLP_PROTOCOLS
 from semhealth.agent.errors import ConfigIssue
+from semhealth.common.words import show
 
 _GENERIC_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 _METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"

@@ -14,9 +14,10 @@ from typing import Any
 import orjson
 from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
 
-from semhealth.agent.config.checks import kind_of, one_of, show
+from semhealth.agent.config.checks import one_of
 from semhealth.agent.config.document import Path, dotted
 from semhealth.agent.errors import ConfigIssue
+from semhealth.common.words import kind_of, show
 
 # -- finding settings -----------------------------------------------------------------------
 

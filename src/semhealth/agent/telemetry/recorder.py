@@ -26,8 +26,7 @@ from opentelemetry.util.types import AttributeValue
 from semhealth.agent.telemetry import instruments as m
 from semhealth.alerts.sample import Sample
 from semhealth.collectors import Continuity, intervals_s
-from semhealth.collectors.record import StreamRecord
-from semhealth.collectors.validity import ValidityResult
+from semhealth.collectors.record import StreamRecord, ValidityResult
 from semhealth.embeddings.relevance import RelevanceScores
 
 OTHER = "other"

@@ -1,9 +1,9 @@
-"""What the embedding side needs to know about a text before it is embedded.
+"""Facts about a text that more than one package needs: which characters are CJK, and a
+token estimate without a tokenizer.
 
-``has_cjk`` routes a request to the multilingual encoder and ``estimate_tokens`` (in the
-batcher) counts one token per CJK character, both with ``CJK``. ``collectors/request.py``
-estimates prompt tokens with the same set; collectors and embeddings never import each
-other, so it keeps a copy that ``tests/test_twins.py`` pins equal to this one.
+``has_cjk`` routes a request to the multilingual encoder; ``estimate_tokens`` counts one
+token per CJK character and one per four others, for the collectors' prompt class and the
+embedding batcher's batch cost alike.
 
 ``utf8_safe`` makes a text sendable: a lone surrogate is legal in a Python str but not in
 UTF-8, so a tokenizer or orjson refuses it, and with it the whole batch or request.
@@ -11,7 +11,9 @@ UTF-8, so a tokenizer or orjson refuses it, and with it the whole batch or reque
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterable
 
 # Han (the URO, extensions A to I, compatibility ideographs, radicals), Hiragana, Katakana
 # (with its phonetic extensions and halfwidth forms), and Hangul (syllables, jamo and their
@@ -48,6 +50,21 @@ def has_cjk(text: str) -> bool:
 def cjk_count(text: str) -> int:
     """How many characters of ``text`` are CJK (as ``has_cjk`` defines them)."""
     return 0 if text.isascii() else len(CJK.findall(text))
+
+
+CHARS_PER_TOKEN = 4  # other characters per token, the usual ratio for English BPE vocabularies
+
+
+def estimate_tokens(texts: Iterable[str]) -> int:
+    """A cheap token estimate of ``texts`` together: one per CJK character, one per four other
+    characters, rounded up. The upstream's reported usage is the real count; this only sizes
+    and classes work."""
+    cjk = other = 0
+    for text in texts:
+        count = cjk_count(text)
+        cjk += count
+        other += len(text) - count
+    return cjk + math.ceil(other / CHARS_PER_TOKEN)
 
 
 def utf8_safe(text: str) -> str:

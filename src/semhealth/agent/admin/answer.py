@@ -1,0 +1,16 @@
+"""A response the admin front makes itself. Plain data, light to import: the forwarding
+process builds these without loading the admin app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A response the admin front makes itself (health, or analysis being away)."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/plain"
+    error: str | None = None  # X-Semhealth-Error

@@ -107,6 +107,9 @@ def main(args: argparse.Namespace) -> int:
         for path in missing:
             print(f"semhealth replay: {path}: no such file", file=sys.stderr)
         return 2
-    from semhealth.agent.replay.main import replay_main
+    from semhealth.agent.replay.main import load_replay_config, replay_main
+    from semhealth.agent.runtime import run_async, setup_logging
 
-    return replay_main(args)
+    config = load_replay_config(args.config)
+    setup_logging("warning")
+    return run_async(replay_main(args, config))

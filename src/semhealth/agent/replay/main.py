@@ -31,20 +31,13 @@ def load_replay_config(path: str | None) -> Config:
     return config
 
 
-def replay_main(args: argparse.Namespace) -> int:
-    from semhealth.agent.runtime import run_async, setup_logging
-
-    config = load_replay_config(args.config)
-    setup_logging("warning")
+async def replay_main(args: argparse.Namespace, config: Config) -> int:
+    """Replay ``args.files`` under ``config`` (``load_replay_config``), then report."""
     options = Options(
         relevance=not args.no_relevance,
         otlp_push=args.otlp_push,
         progress=True,
     )
-    return run_async(_replay(args, config, options))
-
-
-async def _replay(args: argparse.Namespace, config: Config, options: Options) -> int:
     return _report(args, await replay(args.files, config, options))
 
 

@@ -54,7 +54,6 @@ from _workload import MODEL, analyse, json_mode_request, json_mode_stream, per_c
 
 from semhealth.agent.analysis.alerting import AlertingStage
 from semhealth.agent.analysis.alerting import Settings as AlertingSettings
-from semhealth.agent.analysis.tap import TapStats
 from semhealth.agent.telemetry.pipeline import Settings, Telemetry
 from semhealth.alerts import Alert, Evaluator, Rule, RuleStatus, Sample, load_rules
 from semhealth.alerts.evaluator import (
@@ -212,9 +211,7 @@ def stream_samples(record: StreamRecord) -> StreamSamples:
 
 
 def _telemetry(consume_sample: Callable[[Sample], None] | None) -> Telemetry:
-    return Telemetry(
-        Settings(), tap_stats=TapStats(), active_streams=lambda: 0, consume_sample=consume_sample
-    )
+    return Telemetry(Settings(), consume_sample=consume_sample)
 
 
 class _LoopSide:

@@ -51,7 +51,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.analysis.tap import TapStats
+from semhealth.agent.analysis.tap import TapStats, observe_tap
 from semhealth.agent.demo.simulator import Script, ScriptRequest
 from semhealth.agent.telemetry import instruments as metrics
 from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings
@@ -349,7 +349,8 @@ def every_instrument_exposed() -> str:
     never moves some of them (relevance scores, stalls, unanalysed requests)."""
     stats = TapStats()
     stats.unanalysed("body_too_large")
-    telemetry = Telemetry(TelemetrySettings(), tap_stats=stats, active_streams=lambda: 0)
+    telemetry = Telemetry(TelemetrySettings())
+    observe_tap(telemetry.meter, stats, lambda: 0)
     try:
         for spec in metrics.SPECS:
             attributes = {key: "x" for key in spec.attributes}

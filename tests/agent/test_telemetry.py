@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from semhealth.agent.analysis.tap import TapStats
+from semhealth.agent.analysis.tap import TapStats, observe_tap
 from semhealth.agent.telemetry.pipeline import OTLPSettings, Settings, Telemetry
 from tests.agent.otlp_receiver import HttpReceiver
 
@@ -32,7 +32,9 @@ def _telemetry(receiver: HttpReceiver) -> Telemetry:
     otlp = OTLPSettings(
         endpoint=receiver.endpoint, protocol="http/protobuf", interval_s=INTERVAL_S, timeout_s=2.0
     )
-    return Telemetry(Settings(otlp=otlp), tap_stats=TapStats(), active_streams=lambda: 0)
+    telemetry = Telemetry(Settings(otlp=otlp))
+    observe_tap(telemetry.meter, TapStats(), lambda: 0)
+    return telemetry
 
 
 def _push_threads() -> list[threading.Thread]:
@@ -128,7 +130,8 @@ async def test_without_start_records_and_scrapes_work_but_nothing_is_pushed(
 
 
 async def test_a_telemetry_without_otlp_starts_and_stops() -> None:
-    telemetry = Telemetry(Settings(), tap_stats=TapStats(), active_streams=lambda: 0)
+    telemetry = Telemetry(Settings())
+    observe_tap(telemetry.meter, TapStats(), lambda: 0)
     before = len(_push_threads())
     telemetry.start()
     assert len(_push_threads()) == before

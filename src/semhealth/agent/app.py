@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -26,13 +26,13 @@ from semhealth.agent.admin.app import (
     observe_auth_failures,
     start_site,
 )
-from semhealth.agent.analysis.alerting import AlertingStage
+from semhealth.agent.analysis.alerting import AlertingStage, observe_alerting
 from semhealth.agent.analysis.alerting import Settings as AlertingSettings
-from semhealth.agent.analysis.health import Health
+from semhealth.agent.analysis.health import Health, observe_health
 from semhealth.agent.analysis.receiver import TapReceiver
-from semhealth.agent.analysis.relevance import RelevanceStage, plan_relevance
+from semhealth.agent.analysis.relevance import RelevanceStage, observe_relevance, plan_relevance
 from semhealth.agent.analysis.relevance import Settings as RelevanceSettings
-from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats
+from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats, observe_tap
 from semhealth.agent.config import Address, Config, ShadowSettings
 from semhealth.agent.config.contracts import attach_contracts
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, RelayStats
@@ -46,6 +46,7 @@ from semhealth.agent.otlp.evaluation import (
     settings_from_config,
 )
 from semhealth.agent.otlp.intake import Intake, intake_settings
+from semhealth.agent.otlp.metrics import observe_otlp
 from semhealth.agent.replay.recording import Recording, observe_recording
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.live import Shadow
@@ -65,6 +66,8 @@ from semhealth.embeddings import (
 )
 
 log = logging.getLogger(__name__)
+
+_Part = TypeVar("_Part")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +163,18 @@ def evaluation_settings(config: Config) -> EvaluationSettings | None:
     return settings
 
 
+def _field(part: _Part | None, read: Callable[[_Part], int]) -> int:
+    """``read(part)``, or 0 while the part is off."""
+    return read(part) if part is not None else 0
+
+
+def _alerts_shed(alerting: AlertingStage | None) -> int:
+    if alerting is None:
+        return 0
+    stats = alerting.stats()
+    return stats.samples_shed + stats.evaluator.groups_dropped
+
+
 def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
     """Hits and misses over the batchers' caches, each counted once (encoders share one)."""
     caches = {id(batcher.cache): batcher.cache for batcher in batchers}
@@ -199,15 +214,9 @@ class Agent:
         )
         self.telemetry = Telemetry(
             self._telemetry_settings(),
-            tap_stats=stats,
-            active_streams=self._active_streams,
-            relevance_stats=lambda: self.relevance.stats if self.relevance is not None else None,
-            cache_stats=lambda: _cache_stats(self._batchers),
             consume_sample=alerting.observe if alerting is not None else None,
-            alerting_stats=alerting.stats if alerting is not None else lambda: None,
-            background_failures=lambda: dict(self.health.failures),
-            otlp_stats=lambda: self.intake.stats if self.intake is not None else None,
         )
+        self._observe(stats, alerting)
         self._consumers = (self.telemetry.recorder.consume_record, *self._settings.consumers)
         record = self._settings.record
         self.recording = (
@@ -264,6 +273,30 @@ class Agent:
         self._ready = False
         self.proxy_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+
+    def _observe(self, stats: TapStats, alerting: AlertingStage | None) -> None:
+        """Each stage's instruments on the one meter, and what each sheds: zero while a
+        stage is off, so no series vanishes."""
+        meter = self.telemetry.meter
+        observe_tap(meter, stats, self._active_streams)
+        observe_health(meter, self.health)
+        observe_relevance(
+            meter,
+            lambda: self.relevance.stats if self.relevance is not None else None,
+            lambda: _cache_stats(self._batchers),
+        )
+        observe_otlp(meter, lambda: self.intake.stats if self.intake is not None else None)
+        observe_alerting(meter, alerting.stats if alerting is not None else lambda: None)
+        shed = self.telemetry.shed
+        shed.add("tap", lambda: stats.chunks_dropped)
+        shed.add("relevance", lambda: _field(self.relevance, lambda stage: stage.stats.dropped))
+        # Samples the evaluator never saw: its buffer was full, or a rule held its maximum
+        # of groups.
+        shed.add("alerts", lambda: _alerts_shed(alerting))
+        # Spans received over OTLP (and forwarded) that the GenAI mapping never saw.
+        shed.add(
+            "otlp", lambda: sum(self.intake.stats.receiver.shed.values()) if self.intake else 0
+        )
 
     def _shadow_settings(self) -> ShadowSettings | None:
         """The code's settings, else the configuration's ``shadow:`` block, else off."""

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from semhealth.alerts.alertmanager import DeliveryStats, Notifier
 from semhealth.alerts.alertmanager import Settings as NotifierSettings
@@ -295,3 +296,65 @@ class AlertingStage:
 
 def _number(value: float | None) -> str:
     return "none" if value is None else f"{value:.6g}"
+
+
+def observe_alerting(meter: Any, alerting: Callable[[], AlertingStats | None]) -> None:
+    """Alert states and delivery; absent while alerting is off."""
+
+    def alerts(_options: CallbackOptions) -> Sequence[Observation]:
+        stats = alerting()
+        if stats is None:
+            return []
+        return [
+            Observation(stats.pending, {"state": "pending"}),
+            Observation(stats.firing, {"state": "firing"}),
+        ]
+
+    def delivered(_options: CallbackOptions) -> Sequence[Observation]:
+        stats = alerting()
+        out = []
+        for target in stats.deliveries if stats else ():
+            outcomes = {
+                "sent": target.sent,
+                "failed": target.errors,
+                "dropped": target.dropped - target.errors,
+            }
+            out += [
+                Observation(count, {"alertmanager": target.url, "outcome": outcome})
+                for outcome, count in outcomes.items()
+            ]
+        return out
+
+    def queued(_options: CallbackOptions) -> Sequence[Observation]:
+        stats = alerting()
+        return [
+            Observation(target.queue_length, {"alertmanager": target.url})
+            for target in (stats.deliveries if stats else ())
+        ]
+
+    def failures(_options: CallbackOptions) -> Sequence[Observation]:
+        stats = alerting()
+        if stats is None:
+            return []
+        return [Observation(stats.evaluation_failures + stats.evaluator.rule_failures)]
+
+    meter.create_observable_up_down_counter(
+        "semhealth_alerts", [alerts], description="Alerts pending and firing now, by state."
+    )
+    meter.create_observable_counter(
+        "semhealth_alertmanager_alerts",
+        [delivered],
+        description="Alerts for each Alertmanager by outcome: sent (accepted), failed "
+        "(given up after failed POSTs; resent later while firing), dropped (queue full, "
+        "shutdown).",
+    )
+    meter.create_observable_up_down_counter(
+        "semhealth_alertmanager_queue_length",
+        [queued],
+        description="Alerts waiting to be sent to each Alertmanager.",
+    )
+    meter.create_observable_counter(
+        "semhealth_alert_evaluation_failures",
+        [failures],
+        description="Rule evaluations that failed inside semhealth (a bug: please report).",
+    )

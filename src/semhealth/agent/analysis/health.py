@@ -15,6 +15,9 @@ import logging
 import traceback
 from collections.abc import Callable
 from functools import partial
+from typing import Any
+
+from semhealth.agent.telemetry.observe import observe_by
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +54,12 @@ class Health:
         )
         if self.on_failure is not None:
             self.on_failure(name)
+
+
+def observe_health(meter: Any, health: Health) -> None:
+    meter.create_observable_counter(
+        "semhealth_background_failures",
+        [observe_by("task", lambda: dict(health.failures))],
+        description="Background tasks of the analysis plane that died (a bug: please "
+        "report); the analysis process restarts, one process turns /readyz to 503.",
+    )

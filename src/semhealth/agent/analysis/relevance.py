@@ -21,12 +21,15 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
+from typing import Any
 
 from semhealth.agent.config import Relevance
 from semhealth.agent.tasks import finish_within
+from semhealth.agent.telemetry.observe import observe, observe_by, observe_counters
 from semhealth.collectors import StreamRecord
 from semhealth.embeddings import (
     Backend,
+    CacheStats,
     Config,
     EmbeddingError,
     Encoder,
@@ -234,3 +237,54 @@ async def _score(
     stats.scored += 1
     for sink in record_scores:
         sink(record, scores)
+
+
+def observe_relevance(
+    meter: Any,
+    relevance: Callable[[], RelevanceStats | None],
+    cache: Callable[[], CacheStats | None],
+) -> None:
+    """Relevance and embedding counters; zero while scoring is off, so series never vanish."""
+
+    def field_of(stats: RelevanceStats | CacheStats | None, name: str) -> int:
+        return int(getattr(stats, name)) if stats is not None else 0
+
+    def skipped() -> dict[str, int]:
+        stats = relevance()
+        # A copy: the OTLP reader's thread iterates while the loop may add a reason.
+        return dict(stats.skipped) if stats is not None else {}
+
+    observe_counters(
+        meter,
+        {
+            "semhealth_relevance_scored": (
+                lambda: field_of(relevance(), "scored"),
+                "Streams whose relevance was scored and recorded.",
+            ),
+            "semhealth_relevance_errors": (
+                lambda: field_of(relevance(), "errors"),
+                "Streams whose scoring failed in the encoder (counted, never retried).",
+            ),
+            "semhealth_embedding_cache_hits": (
+                lambda: field_of(cache(), "hits"),
+                "Texts whose embedding came from the cache.",
+            ),
+            "semhealth_embedding_cache_misses": (
+                lambda: field_of(cache(), "misses"),
+                "Texts the cache did not hold, so the model embedded them.",
+            ),
+        },
+    )
+    # A gauge: the cache's memory grows with it up to relevance.cache_entries, then stays.
+    meter.create_observable_up_down_counter(
+        "semhealth_embedding_cache_entries",
+        [observe(lambda: field_of(cache(), "entries"))],
+        description="Vectors the embedding cache holds (at most relevance.cache_entries; "
+        "each takes the encoder's dimensions x 4 bytes).",
+    )
+    meter.create_observable_counter(
+        "semhealth_relevance_skipped",
+        [observe_by("reason", skipped)],
+        description="Streams not scored, by reason: sampled_out, no_query, "
+        "nothing_to_compare, incomplete, error_response.",
+    )

@@ -25,8 +25,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from semhealth.agent.telemetry.observe import observe, observe_by, observe_counters
 from semhealth.agent.wire import Outcome
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config as CollectorsConfig
@@ -287,3 +288,50 @@ class Tap:
 
 def _route_of(stream: TapStream) -> str:
     return stream.collector.route if stream.collector is not None else "?"
+
+
+def observe_tap(meter: Any, stats: TapStats, active_streams: Callable[[], int]) -> None:
+    """The tap's instruments, read from ``stats`` at collection time (the forwarders' counts
+    arrive in the same stats over the tap wire)."""
+    gauges = {
+        "semhealth_streams_active": (active_streams, "Exchanges the proxy is relaying now."),
+        "semhealth_tap_queue_depth": (
+            lambda: stats.queue_depth,
+            "Response chunks waiting for analysis.",
+        ),
+    }
+    for name, (read, description) in gauges.items():
+        meter.create_observable_up_down_counter(name, [observe(read)], description=description)
+    observe_counters(
+        meter,
+        {
+            "semhealth_streams_shed": (
+                lambda: stats.streams_shed,
+                "Exchanges whose analysis was incomplete because the tap shed chunks.",
+            ),
+            "semhealth_records": (lambda: stats.records, "Exchanges analysed into a record."),
+            "semhealth_analysis_errors": (
+                lambda: stats.analysis_errors,
+                "Exchanges whose analysis failed inside semhealth (a bug: please report).",
+            ),
+            "semhealth_analysis_restarts": (
+                lambda: stats.analysis_restarts,
+                "Times the analysis process died and was started again (forwarding went on).",
+            ),
+            "semhealth_tap_wire_resets": (
+                lambda: stats.wire_resets,
+                "Times a forwarder dropped its tap wire because analysis stopped reading it.",
+            ),
+        },
+    )
+    meter.create_observable_counter(
+        "semhealth_requests_unanalysed",
+        [observe_by("reason", lambda: dict(stats.requests_unanalysed))],
+        description="Requests forwarded without analysing their body, by reason.",
+    )
+    meter.create_observable_counter(
+        "semhealth_requests_rejected",
+        [observe_by("reason", lambda: dict(stats.requests_rejected))],
+        description="Malformed requests the proxy answered itself, never forwarded "
+        "(malformed, header_timeout, head_too_large, method_not_allowed).",
+    )

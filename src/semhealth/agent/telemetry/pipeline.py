@@ -11,9 +11,11 @@ last values and closes the exporter, within one deadline. Both are idempotent,
 and ``shutdown()`` is safe without ``start()``. ``/metrics`` (the Prometheus
 reader) needs no thread and answers either way.
 
-The proxy and the tap keep plain counters (``TapStats``, active streams);
-observable instruments read them at collection time, so the hot path only
-increments ints. Finished records go through ``Recorder``.
+Telemetry imports no stage. Each stage keeps plain counters and registers its own
+observable instruments on ``Telemetry.meter`` (``observe_tap``, ``observe_relevance``,
+``observe_alerting``, ...); they read the counters at collection time, so the hot path
+only increments ints. Work a stage sheds goes on ``Telemetry.shed``. Finished records go
+through ``Recorder``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,14 +42,9 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from semhealth.agent.analysis.alerting import AlertingStats
-from semhealth.agent.analysis.relevance import RelevanceStats
-from semhealth.agent.analysis.tap import TapStats
-from semhealth.agent.otlp.intake import IntakeStats
-from semhealth.agent.otlp.metrics import observe_otlp
 from semhealth.agent.telemetry import instruments as m
+from semhealth.agent.telemetry.observe import Shed, observe_counters
 from semhealth.agent.telemetry.recorder import ConsumeSample, Recorder, RecorderSettings
-from semhealth.embeddings.cache import CacheStats
 
 log = logging.getLogger(__name__)
 
@@ -139,22 +136,6 @@ def build_otlp_exporter(settings: OTLPSettings) -> MetricExporter:
     return HttpExporter(endpoint=settings.endpoint, headers=headers, timeout=settings.timeout_s)
 
 
-def _observe(read: Callable[[], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(read())]
-
-    return callback
-
-
-def _observe_by(
-    label: str, read: Callable[[], dict[str, int]]
-) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, {label: key}) for key, value in read().items()]
-
-    return callback
-
-
 class Telemetry:
     """Owns the MeterProvider, its readers and the record recorder."""
 
@@ -162,14 +143,7 @@ class Telemetry:
         self,
         settings: Settings,
         *,
-        tap_stats: TapStats,
-        active_streams: Callable[[], int],
-        relevance_stats: Callable[[], RelevanceStats | None] = lambda: None,
-        cache_stats: Callable[[], CacheStats | None] = lambda: None,
         consume_sample: ConsumeSample | None = None,
-        alerting_stats: Callable[[], AlertingStats | None] = lambda: None,
-        background_failures: Callable[[], dict[str, int]] = dict,
-        otlp_stats: Callable[[], IntakeStats | None] = lambda: None,
     ) -> None:
         attributes = {"service.name": settings.service_name, **dict(settings.resource_attributes)}
         self._registry = CollectorRegistry(auto_describe=True)
@@ -193,20 +167,12 @@ class Telemetry:
         self.provider = MeterProvider(
             resource=Resource.create(attributes), metric_readers=readers, views=m.views()
         )
-        meter = self.provider.get_meter("semhealth.agent")
+        # The one meter every stage registers its own observable instruments on.
+        self.meter = meter = self.provider.get_meter("semhealth.agent")
         self.instruments = m.Instruments(meter)
         self.recorder = Recorder(self.instruments, settings.recorder, consume_sample=consume_sample)
-        self._observe_agent(meter, tap_stats, active_streams)
-        meter.create_observable_counter(
-            "semhealth_background_failures",
-            [_observe_by("task", background_failures)],
-            description="Background tasks of the analysis plane that died (a bug: please "
-            "report); the analysis process restarts, one process turns /readyz to 503.",
-        )
-        self._otlp_stats = otlp_stats
-        self._observe_relevance(meter, tap_stats, relevance_stats, cache_stats, alerting_stats)
-        observe_otlp(meter, otlp_stats)
-        self._observe_alerting(meter, alerting_stats)
+        self.shed = Shed(meter)
+        self._observe_own(meter)
         self._lifecycle = threading.Lock()
         self._started = False
         self._stopped = False
@@ -234,9 +200,9 @@ class Telemetry:
         remaining = max(deadline - time.monotonic(), 0.0)
         self.provider.shutdown(timeout_millis=remaining * 1000)
 
-    def _observe_agent(
-        self, meter: Any, stats: TapStats, active_streams: Callable[[], int]
-    ) -> None:
+    def _observe_own(self, meter: Any) -> None:
+        """What telemetry itself knows: the recorder's validity window and label guard, and
+        its own exports. Each stage registers its instruments itself (``observe_*``)."""
         recorder = self.recorder
 
         def validity(_options: CallbackOptions) -> Sequence[Observation]:
@@ -251,178 +217,19 @@ class Telemetry:
             description="Valid / structured outputs over the rolling window "
             "(telemetry.validity_window_s); absent while the window has none.",
         )
-        gauges = {
-            "semhealth_streams_active": (active_streams, "Exchanges the proxy is relaying now."),
-            "semhealth_tap_queue_depth": (
-                lambda: stats.queue_depth,
-                "Response chunks waiting for analysis.",
-            ),
-        }
-        for name, (read, description) in gauges.items():
-            meter.create_observable_up_down_counter(name, [_observe(read)], description=description)
         export = self.export_stats
-        counters = {
-            "semhealth_streams_shed": (
-                lambda: stats.streams_shed,
-                "Exchanges whose analysis was incomplete because the tap shed chunks.",
-            ),
-            "semhealth_records": (lambda: stats.records, "Exchanges analysed into a record."),
-            "semhealth_analysis_errors": (
-                lambda: stats.analysis_errors,
-                "Exchanges whose analysis failed inside semhealth (a bug: please report).",
-            ),
-            "semhealth_label_values_folded": (
-                lambda: recorder.guard.folded,
-                "Label values folded into 'other' by the cardinality guard.",
-            ),
-            "semhealth_otlp_export_failures": (
-                lambda: export.failures,
-                "OTLP metric exports that failed (the agent keeps serving).",
-            ),
-            "semhealth_analysis_restarts": (
-                lambda: stats.analysis_restarts,
-                "Times the analysis process died and was started again (forwarding went on).",
-            ),
-            "semhealth_tap_wire_resets": (
-                lambda: stats.wire_resets,
-                "Times a forwarder dropped its tap wire because analysis stopped reading it.",
-            ),
-        }
-        for name, (read, description) in counters.items():
-            meter.create_observable_counter(name, [_observe(read)], description=description)
-        meter.create_observable_counter(
-            "semhealth_requests_unanalysed",
-            [_observe_by("reason", lambda: dict(stats.requests_unanalysed))],
-            description="Requests forwarded without analysing their body, by reason.",
-        )
-        meter.create_observable_counter(
-            "semhealth_requests_rejected",
-            [_observe_by("reason", lambda: dict(stats.requests_rejected))],
-            description="Malformed requests the proxy answered itself, never forwarded "
-            "(malformed, header_timeout, head_too_large, method_not_allowed).",
-        )
-
-    def _observe_relevance(
-        self,
-        meter: Any,
-        tap: TapStats,
-        relevance: Callable[[], RelevanceStats | None],
-        cache: Callable[[], CacheStats | None],
-        alerting: Callable[[], AlertingStats | None],
-    ) -> None:
-        """Relevance and embedding counters; zero while scoring is off, so series never vanish."""
-
-        def dropped() -> dict[str, int]:
-            stats = relevance()
-            alerts = alerting()
-            return {
-                "tap": tap.chunks_dropped,
-                "relevance": stats.dropped if stats else 0,
-                # Samples the evaluator never saw: its buffer was full, or a rule held its
-                # maximum of groups.
-                "alerts": alerts.samples_shed + alerts.evaluator.groups_dropped if alerts else 0,
-                # Spans received over OTLP (and forwarded) that the GenAI mapping never saw.
-                "otlp": sum(otlp.receiver.shed.values()) if (otlp := self._otlp_stats()) else 0,
-            }
-
-        meter.create_observable_counter(
-            "semhealth_dropped",
-            [_observe_by("stage", dropped)],
-            description="Work shed under load, by stage; the client's bytes are never dropped.",
-        )
-        counters = {
-            "semhealth_relevance_scored": (
-                lambda: _field(relevance(), "scored"),
-                "Streams whose relevance was scored and recorded.",
-            ),
-            "semhealth_relevance_errors": (
-                lambda: _field(relevance(), "errors"),
-                "Streams whose scoring failed in the encoder (counted, never retried).",
-            ),
-            "semhealth_embedding_cache_hits": (
-                lambda: _field(cache(), "hits"),
-                "Texts whose embedding came from the cache.",
-            ),
-            "semhealth_embedding_cache_misses": (
-                lambda: _field(cache(), "misses"),
-                "Texts the cache did not hold, so the model embedded them.",
-            ),
-        }
-        for name, (read, description) in counters.items():
-            meter.create_observable_counter(name, [_observe(read)], description=description)
-        # A gauge: the cache's memory grows with it up to relevance.cache_entries, then stays.
-        meter.create_observable_up_down_counter(
-            "semhealth_embedding_cache_entries",
-            [_observe(lambda: _field(cache(), "entries"))],
-            description="Vectors the embedding cache holds (at most relevance.cache_entries; "
-            "each takes the encoder's dimensions x 4 bytes).",
-        )
-        meter.create_observable_counter(
-            "semhealth_relevance_skipped",
-            [_observe_by("reason", lambda: _skipped(relevance()))],
-            description="Streams not scored, by reason: sampled_out, no_query, "
-            "nothing_to_compare, incomplete, error_response.",
-        )
-
-    def _observe_alerting(self, meter: Any, alerting: Callable[[], AlertingStats | None]) -> None:
-        """Alert states and delivery; absent while alerting is off."""
-
-        def alerts(_options: CallbackOptions) -> Sequence[Observation]:
-            stats = alerting()
-            if stats is None:
-                return []
-            return [
-                Observation(stats.pending, {"state": "pending"}),
-                Observation(stats.firing, {"state": "firing"}),
-            ]
-
-        def delivered(_options: CallbackOptions) -> Sequence[Observation]:
-            stats = alerting()
-            out = []
-            for target in stats.deliveries if stats else ():
-                outcomes = {
-                    "sent": target.sent,
-                    "failed": target.errors,
-                    "dropped": target.dropped - target.errors,
-                }
-                out += [
-                    Observation(count, {"alertmanager": target.url, "outcome": outcome})
-                    for outcome, count in outcomes.items()
-                ]
-            return out
-
-        def queued(_options: CallbackOptions) -> Sequence[Observation]:
-            stats = alerting()
-            return [
-                Observation(target.queue_length, {"alertmanager": target.url})
-                for target in (stats.deliveries if stats else ())
-            ]
-
-        def failures(_options: CallbackOptions) -> Sequence[Observation]:
-            stats = alerting()
-            if stats is None:
-                return []
-            return [Observation(stats.evaluation_failures + stats.evaluator.rule_failures)]
-
-        meter.create_observable_up_down_counter(
-            "semhealth_alerts", [alerts], description="Alerts pending and firing now, by state."
-        )
-        meter.create_observable_counter(
-            "semhealth_alertmanager_alerts",
-            [delivered],
-            description="Alerts for each Alertmanager by outcome: sent (accepted), failed "
-            "(given up after failed POSTs; resent later while firing), dropped (queue full, "
-            "shutdown).",
-        )
-        meter.create_observable_up_down_counter(
-            "semhealth_alertmanager_queue_length",
-            [queued],
-            description="Alerts waiting to be sent to each Alertmanager.",
-        )
-        meter.create_observable_counter(
-            "semhealth_alert_evaluation_failures",
-            [failures],
-            description="Rule evaluations that failed inside semhealth (a bug: please report).",
+        observe_counters(
+            meter,
+            {
+                "semhealth_label_values_folded": (
+                    lambda: recorder.guard.folded,
+                    "Label values folded into 'other' by the cardinality guard.",
+                ),
+                "semhealth_otlp_export_failures": (
+                    lambda: export.failures,
+                    "OTLP metric exports that failed (the agent keeps serving).",
+                ),
+            },
         )
 
     def observe_analysis(self, seconds: float) -> None:
@@ -467,12 +274,3 @@ class _Push:
             self._reader.collect(timeout_millis=self._timeout_ms)
         except Exception as exc:  # a push must never end the pushes after it
             log.warning("OTLP metric collection failed: %s", type(exc).__name__)
-
-
-def _field(stats: RelevanceStats | CacheStats | None, name: str) -> int:
-    return int(getattr(stats, name)) if stats is not None else 0
-
-
-def _skipped(stats: RelevanceStats | None) -> dict[str, int]:
-    # A copy: the OTLP reader's thread iterates while the loop may add a reason.
-    return dict(stats.skipped) if stats is not None else {}

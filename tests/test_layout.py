@@ -74,5 +74,13 @@ def test_the_agent_folder_shows_its_rooms_not_loose_modules() -> None:
     # top (the composition, the runtime, the tap wire, errors, tasks), the rest in rooms.
     entries = sorted(p.name for p in AGENT.iterdir() if p.name != "__pycache__")
     modules = [name for name in entries if name.endswith(".py")]
-    assert modules == ["__init__.py", "app.py", "errors.py", "runtime.py", "tasks.py", "wire.py"]
+    assert modules == [
+        "__init__.py",
+        "app.py",
+        "component.py",
+        "errors.py",
+        "runtime.py",
+        "tasks.py",
+        "wire.py",
+    ]
     assert {"admin", "analysis", "cli", "config", "dataplane", "demo", "telemetry"} <= set(entries)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.relevance import RelevanceStage, observe_relevance, plan_relevance
 from semhealth.agent.analysis.relevance import Settings as RelevanceSettings
 from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats, observe_tap
+from semhealth.agent.component import RESERVE_S, Components, Part, seconds_left
 from semhealth.agent.config import Address, Config, ShadowSettings
 from semhealth.agent.config.contracts import attach_contracts
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, RelayStats
@@ -163,6 +163,28 @@ def evaluation_settings(config: Config) -> EvaluationSettings | None:
     return settings
 
 
+def _stop_by(shutdown: Callable[[float], Awaitable[None]]) -> Callable[[float], Awaitable[None]]:
+    """A part's stop for a shutdown that takes the seconds it may use."""
+
+    async def stop(deadline: float) -> None:
+        await shutdown(seconds_left(deadline))
+
+    return stop
+
+
+def _stop(shutdown: Callable[[], Awaitable[None]]) -> Callable[[float], Awaitable[None]]:
+    """A part's stop for a shutdown that keeps its own short deadline."""
+
+    async def stop(_deadline: float) -> None:
+        await shutdown()
+
+    return stop
+
+
+async def _nothing(_deadline: float) -> None:
+    return None
+
+
 def _field(part: _Part | None, read: Callable[[_Part], int]) -> int:
     """``read(part)``, or 0 while the part is off."""
     return read(part) if part is not None else 0
@@ -268,7 +290,7 @@ class Agent:
         if self._settings.admin_socket is None:  # else the front counts and exports these
             observe_auth_failures(self.telemetry.provider, self.admin_gate)
         self.receiver = None if in_process else TapReceiver(self.tap)
-        self._proxy_listening = False
+        self._components = Components()  # shutdown() before start() stops nothing
         self._admin_runner: web.BaseRunner | None = None
         self._ready = False
         self.proxy_address: tuple[str, int] | None = None
@@ -382,32 +404,40 @@ class Agent:
             ),
             self.telemetry.recorder.record_relevance,
         )
-        self._consumers = (
-            self.telemetry.recorder.consume_record,
-            stage.consume_record,
-            *self._settings.consumers,
-        )
+        if self.evaluation is not None:
+            # Started before this stage: its relevance events follow each record's scores.
+            stage.also_record(self.evaluation.record_relevance)
         log.info("relevance scoring on: encoder %s", names)
 
-    async def _stop_relevance(self, timeout_s: float) -> None:
-        """Stop the stage (scores in flight finish within the deadline), then the scorer."""
+    async def _stop_relevance(self, deadline: float) -> None:
+        """Stop the stage (scores in flight finish by the deadline, less a moment to close
+        the scorer), then the scorer."""
         if self.relevance is not None:
-            await self.relevance.shutdown(timeout_s / 2)
+            await self.relevance.shutdown(seconds_left(deadline - RESERVE_S))
         scoring, self._scoring = self._scoring, None
         if scoring is not None:
             await scoring.aclose()
 
-    def _start_evaluation(self) -> None:
-        """Evaluation events after every other consumer: a record's validity when it is
-        built, its relevance when its scores arrive."""
-        emitter = self.evaluation
-        if emitter is None:
-            return
-        emitter.start()
-        observe_evaluation(self.telemetry.provider.get_meter("semhealth.agent"), emitter.snapshot)
-        self._consumers = (*self._consumers, emitter.consume_record)
+    async def _start_evaluation(self) -> None:
+        """Evaluation events: a record's validity when it is built, its relevance when its
+        scores arrive."""
+        assert self.evaluation is not None
+        self.evaluation.start()
+        observe_evaluation(self.telemetry.meter, self.evaluation.snapshot)
+
+    async def _chain_consumers(self) -> None:
+        """Every record, in this order: the recorder, relevance, the code's own consumers,
+        evaluation events (after every other consumer saw the record), and last shadowing
+        (a primary record joins its shadow after all the rest)."""
+        chain: list[ConsumeRecord] = [self.telemetry.recorder.consume_record]
         if self.relevance is not None:
-            self.relevance.also_record(emitter.record_relevance)
+            chain.append(self.relevance.consume_record)
+        chain += self._settings.consumers
+        if self.evaluation is not None:
+            chain.append(self.evaluation.consume_record)
+        if self.shadow is not None:
+            chain.append(self.shadow.consume_record)
+        self._consumers = tuple(chain)
 
     async def reload_alerts(self, rules: Sequence[Rule]) -> None:
         """Evaluate ``rules`` from now on (``Alerts.load_rules()`` of a configuration loaded
@@ -430,55 +460,32 @@ class Agent:
         return self._ready and not self.health.failed
 
     async def start(self) -> None:
-        try:
-            self.telemetry.start()
-            await self._start_relevance()
-            self._start_evaluation()
-            if self.recording is not None:
-                self.recording.start()
-            if self.shadow is not None:
-                await self.shadow.start()
-                # Last: a primary record joins its shadow after every other consumer saw it.
-                self._consumers = (*self._consumers, self.shadow.consume_record)
-            await self.tap.start()
-            admin = build_admin_app(
-                ready=self.ready,
-                render_metrics=self.telemetry.render_prometheus,
-                render_alerts=self.alerting.status_json if self.alerting is not None else None,
-                gate=self.admin_gate,
+        """Start every part, downstream first: telemetry and the admin port, then what
+        consumes records (alerting, evaluation, relevance, recording, shadowing), the tap,
+        and last what lets traffic in (the tap receiver, OTLP intake, the proxy listener)."""
+        self._components = parts = Components()
+        parts.add("telemetry", Part(self._start_telemetry, self._stop_telemetry))
+        parts.add("admin listener", Part(self._start_admin, self._stop_admin))
+        if self.alerting is not None:
+            parts.add("alerting", Part(self._start_alerting, _stop_by(self.alerting.shutdown)))
+        if self.evaluation is not None:
+            parts.add(
+                "evaluation", Part(self._start_evaluation, _stop_by(self.evaluation.shutdown))
             )
-            self._admin_runner = web.AppRunner(
-                admin, access_log=None, handle_signals=False, shutdown_timeout=1.0
-            )
-            if self.receiver is not None:
-                assert self._settings.tap_socket is not None
-                await self.receiver.start(self._settings.tap_socket)
-            self.admin_address = await _listen(
-                self._admin_runner,
-                self._config.listen.admin,
-                self._settings.admin_socket,
-                self.admin_gate,
-            )
-            if self.alerting is not None:
-                alerts = self._config.alerts
-                base = alerts.external_url or self.admin_url
-                if alerts.external_url is None and alerts.alertmanager.urls:
-                    log.warning(
-                        "alerts link to %s/alerts, which people may not reach: "
-                        "set alerts.external_url to the admin address as seen from outside",
-                        base,
-                    )
-                await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
-            if self.intake is not None:
-                await self.intake.start()
-                self._log_receiver()
-            if self.proxy is not None:
-                listen = self._config.listen.proxy
-                self._proxy_listening = True
-                self.proxy_address = await self.proxy.start(listen.host, listen.port)
-        except BaseException:
-            await self.shutdown()
-            raise
+        parts.add("relevance", Part(self._start_relevance, self._stop_relevance))
+        if self.recording is not None:
+            parts.add("recording", Part(self._start_recording, self._stop_recording))
+        if self.shadow is not None:
+            parts.add("shadow", Part(self.shadow.start, _stop_by(self.shadow.shutdown)))
+        parts.add("consumers", Part(self._chain_consumers, _nothing))
+        parts.add("tap", Part(self.tap.start, _stop_by(self.tap.shutdown)))
+        if self.receiver is not None:
+            parts.add("tap receiver", Part(self._start_receiver, _stop(self.receiver.shutdown)))
+        if self.intake is not None:
+            parts.add("otlp receiver", Part(self._start_intake, _stop_by(self.intake.shutdown)))
+        if self.proxy is not None:
+            parts.add("proxy listener", Part(self._start_proxy, _stop_by(self.proxy.shutdown)))
+        await parts.start(self._settings.shutdown_timeout_s)
         self._ready = True
         if self.proxy is not None:
             log.info(
@@ -487,6 +494,70 @@ class Agent:
                 self._config.upstream.url,
                 self.admin_url,
             )
+
+    async def _start_telemetry(self) -> None:
+        self.telemetry.start()
+
+    async def _stop_telemetry(self, deadline: float) -> None:
+        # The final OTLP export blocks: off the loop, within the deadline.
+        await asyncio.to_thread(self.telemetry.shutdown, seconds_left(deadline))
+
+    async def _start_admin(self) -> None:
+        admin = build_admin_app(
+            ready=self.ready,
+            render_metrics=self.telemetry.render_prometheus,
+            render_alerts=self.alerting.status_json if self.alerting is not None else None,
+            gate=self.admin_gate,
+        )
+        self._admin_runner = web.AppRunner(
+            admin, access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
+        self.admin_address = await _listen(
+            self._admin_runner,
+            self._config.listen.admin,
+            self._settings.admin_socket,
+            self.admin_gate,
+        )
+
+    async def _stop_admin(self, _deadline: float) -> None:
+        admin_runner, self._admin_runner = self._admin_runner, None
+        if admin_runner is not None:
+            await admin_runner.cleanup()
+
+    async def _start_alerting(self) -> None:
+        assert self.alerting is not None
+        alerts = self._config.alerts
+        base = alerts.external_url or self.admin_url
+        if alerts.external_url is None and alerts.alertmanager.urls:
+            log.warning(
+                "alerts link to %s/alerts, which people may not reach: "
+                "set alerts.external_url to the admin address as seen from outside",
+                base,
+            )
+        await self.alerting.start(generator_url=base.rstrip("/") + "/alerts")
+
+    async def _start_recording(self) -> None:
+        assert self.recording is not None
+        self.recording.start()
+
+    async def _stop_recording(self, deadline: float) -> None:
+        assert self.recording is not None
+        # Its last exchanges are in the writer's queue: the writer thread drains them.
+        await asyncio.to_thread(self.recording.close, seconds_left(deadline))
+
+    async def _start_receiver(self) -> None:
+        assert self.receiver is not None and self._settings.tap_socket is not None
+        await self.receiver.start(self._settings.tap_socket)
+
+    async def _start_intake(self) -> None:
+        assert self.intake is not None
+        await self.intake.start()
+        self._log_receiver()
+
+    async def _start_proxy(self) -> None:
+        assert self.proxy is not None
+        listen = self._config.listen.proxy
+        self.proxy_address = await self.proxy.start(listen.host, listen.port)
 
     def _log_receiver(self) -> None:
         assert self.intake is not None
@@ -504,59 +575,14 @@ class Agent:
         )
 
     async def shutdown(self) -> None:
-        """Stop intake, let open exchanges finish within the deadline, flush analysis."""
+        """Stop upstream first on one deadline (``Settings.shutdown_timeout_s``): intake
+        stops, open exchanges finish, analysis flushes, the last alerts and metrics go out.
+        Safe without ``start`` and safe twice."""
         self._ready = False
-        deadline = time.monotonic() + self._settings.shutdown_timeout_s
-        errors: list[Exception] = []
-
-        async def step(name: str, coro: Coroutine[Any, Any, None]) -> None:
-            remaining = max(deadline - time.monotonic(), 0.1)
-            try:
-                await asyncio.wait_for(coro, remaining)
-            except Exception as exc:
-                log.error("shutdown of %s failed: %r", name, exc)
-                errors.append(exc)
-
-        if self.intake is not None:
-            # OTLP intake stops first: its queued spans become records for the stages below,
-            # and the next hop gets what is queued for it.
-            await step("otlp receiver", self.intake.shutdown(self._settings.shutdown_timeout_s / 3))
-        if self.receiver is not None:
-            # Forwarders stop first; what they sent is already queued in the tap.
-            await step("tap receiver", self.receiver.shutdown())
-        if self._proxy_listening and self.proxy is not None:
-            self._proxy_listening = False
-            # In-flight exchanges get most of the shutdown deadline to finish.
-            drain_s = self._settings.shutdown_timeout_s * 0.6
-            await step("proxy listener", self.proxy.shutdown(drain_s))
-        await step("tap", self.tap.shutdown(max(deadline - time.monotonic(), 0.1)))
-        if self.shadow is not None:
-            # After the tap (its last primaries join), before relevance (agreement scores).
-            remaining = max(deadline - time.monotonic(), 0.1)
-            await step("shadow", self.shadow.shutdown(remaining / 3))
-        if self.recording is not None:
-            # After the tap: its last exchanges are in the writer's queue.
-            remaining = max(deadline - time.monotonic(), 0.1)
-            await step("recording", asyncio.to_thread(self.recording.close, remaining / 2))
-        # After the tap: its last records may still be handed to the stage.
-        await step("relevance", self._stop_relevance(max(deadline - time.monotonic(), 0.1)))
-        if self.evaluation is not None:
-            # After relevance: its last scores are the last events; flushed within the deadline.
-            remaining = max(deadline - time.monotonic(), 0.1)
-            await step("evaluation", self.evaluation.shutdown(remaining / 2))
-        if self.alerting is not None:
-            # Last alerts out (a resolve included) within the deadline; no new evaluations.
-            remaining = max(deadline - time.monotonic(), 0.1)
-            await step("alerting", self.alerting.shutdown(remaining / 2))
-        admin_runner, self._admin_runner = self._admin_runner, None
-        if admin_runner is not None:
-            await step("admin listener", admin_runner.cleanup())
-        self.admin_gate.close()
-        # The final OTLP export blocks; keep it off the loop and inside the deadline.
-        remaining = max(deadline - time.monotonic(), 0.1)
-        await step("telemetry", asyncio.to_thread(self.telemetry.shutdown, remaining))
-        if errors:
-            raise ExceptionGroup("semhealth shutdown had failures", errors)
+        try:
+            await self._components.shutdown(self._settings.shutdown_timeout_s)
+        finally:
+            self.admin_gate.close()  # built with the agent (its web config is read then)
 
 
 async def _listen(

@@ -273,7 +273,7 @@ async def test_irrelevant_context_pages_context_relevance_low_and_relevant_conte
     assert rendered is not None, annotations["description"]
     assert now is not None and float(rendered.group(1)) == pytest.approx(now["value"], abs=0.01)
     assert float(rendered.group(1)) < 0.75
-    assert annotations["runbook_url"].endswith("#alert-contextrelevancelow")
+    assert annotations["runbook_url"].endswith("/operations/runbooks/context-relevance-low/")
     resolved = alert_in(ended, "ContextRelevanceLow")
     assert resolved["labels"] == firing["labels"]
     assert resolved["startsAt"] == firing["startsAt"] < resolved["endsAt"]

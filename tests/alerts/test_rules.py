@@ -19,9 +19,9 @@ from semhealth.alerts.errors import RuleError
 from semhealth.alerts.model import Baseline, Rule, Thresholds
 from semhealth.alerts.rules import RULES_SCHEMA, default_rule_entries, load_rules, parse_rules
 from semhealth.alerts.signals import SIGNALS, signal_named
+from tests.docs.runbooks import runbook_source, runbook_url
 
 DATA = Path(__file__).parent / "testdata" / "rules"
-RUNBOOK = "https://github.com/semhealth/semhealth/blob/main/README.md#alert-{}"
 SIGNAL_LIST = (
     "context_relevance_score, answer_relevance_score, stream_continuity_index, stream_max_gap,"
     " model_output_validity_rate, request_success_rate, operation_duration, time_to_first_token,"
@@ -235,9 +235,11 @@ def test_every_default_says_where_its_numbers_come_from() -> None:
         assert re.search(r"[Ii]ssue \d+", rule.description), rule.name
 
 
-def test_every_default_links_its_runbook_anchor() -> None:
+def test_every_default_links_its_runbook_page() -> None:
     for rule in load_rules():
-        assert rule.annotations["runbook_url"] == RUNBOOK.format(rule.name.lower())
+        url = rule.annotations["runbook_url"]
+        assert url == runbook_url(rule.name)
+        assert runbook_source(url).is_file(), f"{rule.name}: no page {runbook_source(url)}"
 
 
 def test_every_default_has_a_summary_and_a_description() -> None:

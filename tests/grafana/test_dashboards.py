@@ -11,7 +11,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as model
 
 from semhealth.alerts import Thresholds, load_rules
-from tests.grafana.dashboards import COMMITTED, NAMES, REPO, boards, committed, panels
+from tests.docs.runbooks import runbook_source, runbook_url
+from tests.grafana.dashboards import COMMITTED, NAMES, boards, committed, panels
 
 RULES = {rule.name: rule for rule in load_rules()}
 BOARDS = dict(boards())
@@ -156,7 +157,7 @@ def test_latency_panel_turns_each_prompt_class_red_past_its_own_budget() -> None
 )
 def test_signal_panels_link_the_runbook_of_their_alert(title: str, rule: str) -> None:
     url = RULES[rule].annotations["runbook_url"]
-    assert url.endswith(f"README.md#alert-{rule.lower()}")
+    assert url == runbook_url(rule)
     assert url in runbooks(panel_titled(title))
 
 
@@ -165,11 +166,9 @@ def test_every_default_alert_has_a_panel_linking_its_runbook() -> None:
     assert {rule.annotations["runbook_url"] for rule in RULES.values()} <= linked
 
 
-def test_the_runbook_anchors_exist_in_the_readme() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_runbook_pages_exist_in_the_manual() -> None:
     for rule in RULES.values():
-        anchor = rule.annotations["runbook_url"].rsplit("#", 1)[1]
-        assert f'<a id="{anchor}"></a>' in readme
+        assert runbook_source(rule.annotations["runbook_url"]).is_file(), rule.name
 
 
 def test_the_helm_copies_are_valid_dashboards_too() -> None:
@@ -187,8 +186,8 @@ def test_json_reads_back_through_the_sdk_dashboard_model_unchanged(name: str) ->
     assert board.schema_version is not None and board.schema_version >= 36
 
 
-# The panel each README runbook links to (/d/<uid>?viewPanel=<id>): a layout change that moves
-# one fails here, so the README's links are changed with it.
+# The panel each runbook page names (/d/<uid>?viewPanel=<id>): a layout change that moves
+# one fails here, so the pages under docs/operations/runbooks/ are changed with it.
 RUNBOOK_PANELS = {
     "ContextRelevanceLow": ("semhealth-overview", 8),
     "RelevanceRegression": ("semhealth-overview", 8),

@@ -37,37 +37,5 @@ def fill(markdown: str, marker: str, generated: str, page: str) -> str:
     return markdown.replace(marker, generated.rstrip("\n"))
 
 
-def prometheus_name(name: str, kind: str, unit: str) -> str:
-    """The Prometheus name the OpenTelemetry exporter gives an instrument: dots become
-    underscores, the unit ``s`` appends ``_seconds``, counters get ``_total``."""
-    text = name.replace(".", "_")
-    if unit == "s":
-        text += "_seconds"
-    if kind == "counter":
-        text += "_total"
-    return text
-
-
-def metrics_table(rows: Iterable[tuple[str, str, str, str, Sequence[str]]]) -> str:
-    """One metrics table from rows of (name, kind, unit, description, labels).
-
-    ``name`` is the OpenTelemetry instrument name; the Prometheus name is derived from it.
-    Any table of instruments (the semantic and GenAI ones, the agent's own) renders here.
-    """
-    out = []
-    for name, kind, unit, description, labels in rows:
-        shown = unit if unit and unit != "s" else ("seconds" if unit == "s" else "")
-        out.append(
-            (
-                code(prometheus_name(name, kind, unit)),
-                kind,
-                shown,
-                ", ".join(code(label) for label in labels),
-                description,
-            )
-        )
-    return table(("Prometheus name", "type", "unit", "labels", "meaning"), out)
-
-
 def as_text(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()

@@ -41,17 +41,20 @@ from semhealth.agent.errors import ConfigError, RelevanceStartError
 from semhealth.agent.otlp.evaluation import (
     EvaluationEmitter,
     EvaluationSettings,
+    EvaluationStats,
     observe_evaluation,
     relevance_threshold,
     settings_from_config,
 )
 from semhealth.agent.otlp.intake import Intake, intake_settings
 from semhealth.agent.otlp.metrics import observe_otlp
-from semhealth.agent.replay.recording import Recording, observe_recording
+from semhealth.agent.replay.recording import Recording, RecordingStats, observe_recording
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.agent.shadow.live import Shadow
+from semhealth.agent.shadow.live import Shadow, ShadowStats
 from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
-from semhealth.agent.telemetry.pipeline import OTLPSettings, Telemetry
+from semhealth.agent.telemetry.instruments import SPECS, Instruments
+from semhealth.agent.telemetry.observe import CatalogueMeter, Family, Shed
+from semhealth.agent.telemetry.pipeline import OTLPSettings, Telemetry, observe_telemetry
 from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings
 from semhealth.agent.telemetry.recorder import Recorder, RecorderSettings
 from semhealth.alerts.model import Rule
@@ -68,6 +71,7 @@ from semhealth.embeddings import (
 log = logging.getLogger(__name__)
 
 _Part = TypeVar("_Part")
+_Value = TypeVar("_Value")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,9 +189,68 @@ async def _nothing(_deadline: float) -> None:
     return None
 
 
-def _field(part: _Part | None, read: Callable[[_Part], int]) -> int:
-    """``read(part)``, or 0 while the part is off."""
-    return read(part) if part is not None else 0
+def observe_stages(
+    meter: Any,
+    shed: Shed,
+    *,
+    tap: TapStats,
+    active_streams: Callable[[], int],
+    health: Health,
+    relevance: Callable[[], RelevanceStage | None],
+    cache: Callable[[], CacheStats | None],
+    intake: Callable[[], Intake | None],
+    alerting: AlertingStage | None,
+) -> None:
+    """The instruments of the stages every agent has (tap, health, relevance, OTLP intake,
+    alerting), on ``meter``, and what each sheds on ``shed``."""
+    observe_tap(meter, tap, active_streams)
+    observe_health(meter, health)
+    observe_relevance(meter, lambda: _field(relevance(), lambda stage: stage.stats), cache)
+    observe_otlp(meter, lambda: _field(intake(), lambda part: part.stats))
+    observe_alerting(meter, alerting.stats if alerting is not None else lambda: None)
+    shed.add("tap", lambda: tap.chunks_dropped)
+    shed.add("relevance", lambda: _field(relevance(), lambda stage: stage.stats.dropped) or 0)
+    # Samples the evaluator never saw: its buffer was full, or a rule held its maximum of
+    # groups.
+    shed.add("alerts", lambda: _alerts_shed(alerting))
+    # Spans received over OTLP (and forwarded) that the GenAI mapping never saw.
+    shed.add(
+        "otlp",
+        lambda: _field(intake(), lambda part: sum(part.stats.receiver.shed.values())) or 0,
+    )
+
+
+def metric_families() -> list[Family]:
+    """Every metric family the sidecar can export, from the same registrations as a running
+    agent's (its instrument table and each stage's ``observe_*``), the optional stages'
+    included; nothing runs and no value is read. The manual's metrics reference is this."""
+    meter = CatalogueMeter()
+    Instruments(meter)
+    observe_telemetry(meter, dict, lambda: 0, lambda: 0)
+    observe_stages(
+        meter,
+        Shed(meter),
+        tap=TapStats(),
+        active_streams=lambda: 0,
+        health=Health(),
+        relevance=lambda: None,
+        cache=lambda: None,
+        intake=lambda: None,
+        alerting=None,
+    )
+    observe_shadow(meter, ShadowStats())
+    observe_recording(meter, RecordingStats())
+    observe_evaluation(meter, EvaluationStats)
+    observe_auth_failures(meter, lambda: 0)
+    families = dict(meter.families)
+    for spec in SPECS:  # their labels are the allow-list each instrument's View enforces
+        families[spec.name] = replace(families[spec.name], labels=tuple(spec.attributes))
+    return sorted(families.values(), key=lambda family: family.prometheus_name)
+
+
+def _field(part: _Part | None, read: Callable[[_Part], _Value]) -> _Value | None:
+    """``read(part)``, or None while the part is off."""
+    return read(part) if part is not None else None
 
 
 def _alerts_shed(alerting: AlertingStage | None) -> int:
@@ -249,8 +312,7 @@ class Agent:
             )
         )
         if self.recording is not None:
-            meter = self.telemetry.provider.get_meter("semhealth.agent")
-            observe_recording(meter, self.recording.stats)
+            observe_recording(self.telemetry.meter, self.recording.stats)
         collectors = attach_contracts(config.collectors)
         self.shadow = self._build_shadow(collectors)
         self.tap = Tap(
@@ -288,7 +350,7 @@ class Agent:
         # Loaded now: a bad web config stops start-up before anything listens.
         self.admin_gate = AdminGate(self._settings.admin)
         if self._settings.admin_socket is None:  # else the front counts and exports these
-            observe_auth_failures(self.telemetry.provider, self.admin_gate)
+            observe_auth_failures(self.telemetry.meter, lambda: self.admin_gate.failures)
         self.receiver = None if in_process else TapReceiver(self.tap)
         self._components = Components()  # shutdown() before start() stops nothing
         self._admin_runner: web.BaseRunner | None = None
@@ -299,25 +361,16 @@ class Agent:
     def _observe(self, stats: TapStats, alerting: AlertingStage | None) -> None:
         """Each stage's instruments on the one meter, and what each sheds: zero while a
         stage is off, so no series vanishes."""
-        meter = self.telemetry.meter
-        observe_tap(meter, stats, self._active_streams)
-        observe_health(meter, self.health)
-        observe_relevance(
-            meter,
-            lambda: self.relevance.stats if self.relevance is not None else None,
-            lambda: _cache_stats(self._batchers),
-        )
-        observe_otlp(meter, lambda: self.intake.stats if self.intake is not None else None)
-        observe_alerting(meter, alerting.stats if alerting is not None else lambda: None)
-        shed = self.telemetry.shed
-        shed.add("tap", lambda: stats.chunks_dropped)
-        shed.add("relevance", lambda: _field(self.relevance, lambda stage: stage.stats.dropped))
-        # Samples the evaluator never saw: its buffer was full, or a rule held its maximum
-        # of groups.
-        shed.add("alerts", lambda: _alerts_shed(alerting))
-        # Spans received over OTLP (and forwarded) that the GenAI mapping never saw.
-        shed.add(
-            "otlp", lambda: sum(self.intake.stats.receiver.shed.values()) if self.intake else 0
+        observe_stages(
+            self.telemetry.meter,
+            self.telemetry.shed,
+            tap=stats,
+            active_streams=self._active_streams,
+            health=self.health,
+            relevance=lambda: self.relevance,
+            cache=lambda: _cache_stats(self._batchers),
+            intake=lambda: self.intake,
+            alerting=alerting,
         )
 
     def _shadow_settings(self) -> ShadowSettings | None:
@@ -348,7 +401,7 @@ class Agent:
             record_shadow_scores=shadow_recorder.record_relevance,
             observe_pair=PairMetrics(self.telemetry.instruments).observe,
         )
-        observe_shadow(self.telemetry.provider.get_meter("semhealth.agent"), shadow.stats)
+        observe_shadow(self.telemetry.meter, shadow.stats)
         return shadow
 
     def _active_streams(self) -> int:

@@ -292,7 +292,7 @@ class Config:
     route_cjk_to: str | None = MULTILINGUAL_ENCODER
     cache_entries: int = DEFAULT_CACHE_ENTRIES  # vectors kept, all encoders together; 0: none
     top_k: int = 3  # pooling mean: context_relevance_score is the mean of the top-k similarities
-    # The context rule (embeddings/relevance.py), best on the held-out split (README): chunks
+    # The context rule (embeddings/relevance.py), best on the held-out split (the manual): chunks
     # longer than window_words words (CJK: characters) are cut into windows sharing
     # overlap_words; at most max_windows of them, those sharing most words with the query,
     # are embedded (0: all); their similarities to the query are pooled by max, mean (of the

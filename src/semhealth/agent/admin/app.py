@@ -37,7 +37,7 @@ from semhealth.agent.admin.webconfig import (
 )
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import CallbackOptions, MeterProvider
+    from opentelemetry.metrics import CallbackOptions, Meter
 
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -127,15 +127,15 @@ def _with_headers(response: web.StreamResponse, config: WebConfig) -> web.Stream
     return response
 
 
-def observe_auth_failures(provider: MeterProvider, gate: AdminGate) -> None:
-    """``semhealth_admin_auth_failures_total`` among the agent's metrics."""
+def observe_auth_failures(meter: Meter, failures: Callable[[], int]) -> None:
+    """``semhealth_admin_auth_failures_total`` among the agent's metrics (``failures``:
+    ``AdminGate.failures``, read at collection)."""
     # Here, not at the top: only the analysis process registers metrics.
     from opentelemetry.metrics import Observation
 
     def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(gate.failures)]
+        return [Observation(failures())]
 
-    meter = provider.get_meter("semhealth.agent.admin.app")
     meter.create_observable_counter(AUTH_FAILURES, [callback], description=AUTH_FAILURES_HELP)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from semhealth.agent.telemetry.observe import Labelled
 from semhealth.alerts.alertmanager import DeliveryStats, Notifier
 from semhealth.alerts.alertmanager import Settings as NotifierSettings
 from semhealth.alerts.evaluator import Evaluator, RuleStatus
@@ -339,18 +340,20 @@ def observe_alerting(meter: Any, alerting: Callable[[], AlertingStats | None]) -
         return [Observation(stats.evaluation_failures + stats.evaluator.rule_failures)]
 
     meter.create_observable_up_down_counter(
-        "semhealth_alerts", [alerts], description="Alerts pending and firing now, by state."
+        "semhealth_alerts",
+        [Labelled(alerts, "state")],
+        description="Alerts pending and firing now, by state.",
     )
     meter.create_observable_counter(
         "semhealth_alertmanager_alerts",
-        [delivered],
+        [Labelled(delivered, "alertmanager", "outcome")],
         description="Alerts for each Alertmanager by outcome: sent (accepted), failed "
         "(given up after failed POSTs; resent later while firing), dropped (queue full, "
         "shutdown).",
     )
     meter.create_observable_up_down_counter(
         "semhealth_alertmanager_queue_length",
-        [queued],
+        [Labelled(queued, "alertmanager")],
         description="Alerts waiting to be sent to each Alertmanager.",
     )
     meter.create_observable_counter(

@@ -54,6 +54,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.util.types import AnyValue
 
 from semhealth.agent.errors import ConfigIssue
+from semhealth.agent.telemetry.observe import Labelled
 from semhealth.alerts import Rule
 
 if TYPE_CHECKING:
@@ -516,7 +517,7 @@ def observe_evaluation(meter: Meter, stats: Callable[[], EvaluationStats]) -> No
 
     meter.create_observable_counter(
         "semhealth_evaluation_events",
-        [callback],
+        [Labelled(callback, "result")],
         description="gen_ai.evaluation.result events sent to otlp_receiver.evaluation's "
         "endpoint (exported), or dropped: queue_full (the endpoint is slow or down), "
         "export_failed (refused or unreachable), shutdown (still queued at shutdown).",

@@ -16,6 +16,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from semhealth.agent.otlp.codec import SIGNALS
 from semhealth.agent.otlp.forward import OUTCOMES
 from semhealth.agent.otlp.intake import IntakeStats
+from semhealth.agent.telemetry.observe import Labelled
 
 Read = Callable[[], IntakeStats | None]
 Pick = Callable[[IntakeStats], dict[Any, int] | None]
@@ -41,7 +42,7 @@ def _by(read: Read, pick: Pick, labels: tuple[str, ...], zeros: Iterable[Any] = 
             for key, n in counts.items()
         ]
 
-    return callback
+    return Labelled(callback, *labels)
 
 
 def _gauge(read: Read, pick: Callable[[IntakeStats], int | None]) -> Callback:

@@ -28,6 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from semhealth.agent.replay.format import encode_exchange
 from semhealth.agent.replay.settings import RecordSettings
+from semhealth.agent.telemetry.observe import Labelled
 from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange
 
@@ -238,7 +239,7 @@ def observe_recording(meter: Meter, stats: RecordingStats) -> None:
 
     meter.create_observable_counter(
         "semhealth_recorded_exchanges",
-        [callback],
+        [Labelled(callback, "result")],
         description="Exchanges --record handled: written to the file, shed (the writer's "
         "queue was full) or failed (a write error such as a full disk).",
     )

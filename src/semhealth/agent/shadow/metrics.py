@@ -28,6 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from semhealth.agent.shadow.live import ShadowStats
 from semhealth.agent.shadow.pairs import PairResult
 from semhealth.agent.telemetry import instruments as m
+from semhealth.agent.telemetry.observe import Labelled, observe, observe_by
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -59,21 +60,7 @@ def _by_route(read: Callable[[], dict[tuple[str, str], int]], second: str) -> Ca
             for (route, name), value in dict(read()).items()
         ]
 
-    return callback
-
-
-def _by(read: Callable[[], dict[str, int]], label: str) -> Callback:
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, {label: key}) for key, value in dict(read()).items()]
-
-    return callback
-
-
-def _one(read: Callable[[], int]) -> Callback:
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(read())]
-
-    return callback
+    return Labelled(callback, m.ROUTE, second)
 
 
 def observe_shadow(meter: Meter, stats: ShadowStats) -> None:
@@ -91,7 +78,7 @@ def observe_shadow(meter: Meter, stats: ShadowStats) -> None:
     )
     meter.create_observable_counter(
         "semhealth_shadow_skipped",
-        [_by(lambda: stats.skipped, m.REASON)],
+        [observe_by(m.REASON, lambda: dict(stats.skipped))],
         description="Requests never meant to be shadowed: method, route not configured, "
         "sampled out.",
     )
@@ -108,14 +95,14 @@ def observe_shadow(meter: Meter, stats: ShadowStats) -> None:
             lambda: stats.diff_log_dropped),
     }  # fmt: skip
     for name, (description, read) in singles.items():
-        meter.create_observable_counter(name, [_one(read)], description=description)
+        meter.create_observable_counter(name, [observe(read)], description=description)
     meter.create_observable_gauge(
         "semhealth_shadow_in_flight",
-        [_one(lambda: stats.in_flight)],
+        [observe(lambda: stats.in_flight)],
         description="Candidate requests open now.",
     )
     meter.create_observable_gauge(
         "semhealth_shadow_waiting",
-        [_one(lambda: stats.waiting)],
+        [observe(lambda: stats.waiting)],
         description="Shadowed exchanges waiting for their pair to complete.",
     )

@@ -24,7 +24,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from semhealth.agent.telemetry import instruments as m
-from semhealth.agent.telemetry.observe import Shed, observe_counters
+from semhealth.agent.telemetry.observe import Labelled, Shed, observe_counters
 from semhealth.agent.telemetry.recorder import ConsumeSample, Recorder, RecorderSettings
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,10 @@ class Telemetry:
         self.instruments = m.Instruments(meter)
         self.recorder = Recorder(self.instruments, settings.recorder, consume_sample=consume_sample)
         self.shed = Shed(meter)
-        self._observe_own(meter)
+        recorder, export = self.recorder, self.export_stats
+        observe_telemetry(
+            meter, recorder.validity_rates, lambda: recorder.guard.folded, lambda: export.failures
+        )
         self._lifecycle = threading.Lock()
         self._started = False
         self._stopped = False
@@ -200,43 +203,47 @@ class Telemetry:
         remaining = max(deadline - time.monotonic(), 0.0)
         self.provider.shutdown(timeout_millis=remaining * 1000)
 
-    def _observe_own(self, meter: Any) -> None:
-        """What telemetry itself knows: the recorder's validity window and label guard, and
-        its own exports. Each stage registers its instruments itself (``observe_*``)."""
-        recorder = self.recorder
-
-        def validity(_options: CallbackOptions) -> Sequence[Observation]:
-            return [
-                Observation(rate, {m.ROUTE: route, m.MODEL: model, m.PROVIDER: provider})
-                for (route, model, provider), rate in recorder.validity_rates().items()
-            ]
-
-        meter.create_observable_gauge(
-            "semantic_health_model_output_validity_rate",
-            [validity],
-            description="Valid / structured outputs over the rolling window "
-            "(telemetry.validity_window_s); absent while the window has none.",
-        )
-        export = self.export_stats
-        observe_counters(
-            meter,
-            {
-                "semhealth_label_values_folded": (
-                    lambda: recorder.guard.folded,
-                    "Label values folded into 'other' by the cardinality guard.",
-                ),
-                "semhealth_otlp_export_failures": (
-                    lambda: export.failures,
-                    "OTLP metric exports that failed (the agent keeps serving).",
-                ),
-            },
-        )
-
     def observe_analysis(self, seconds: float) -> None:
         self.instruments.histograms["semhealth_analysis_duration"].record(seconds)
 
     def render_prometheus(self) -> bytes:
         return generate_latest(self._registry)
+
+
+def observe_telemetry(
+    meter: Any,
+    validity_rates: Callable[[], dict[tuple[str, ...], float]],
+    folded: Callable[[], int],
+    export_failures: Callable[[], int],
+) -> None:
+    """What telemetry itself knows: the recorder's validity window and label guard, and its
+    own exports. Each stage registers its instruments itself (``observe_*``)."""
+
+    def validity(_options: CallbackOptions) -> Sequence[Observation]:
+        return [
+            Observation(rate, {m.ROUTE: route, m.MODEL: model, m.PROVIDER: provider})
+            for (route, model, provider), rate in validity_rates().items()
+        ]
+
+    meter.create_observable_gauge(
+        "semantic_health_model_output_validity_rate",
+        [Labelled(validity, m.ROUTE, m.MODEL, m.PROVIDER)],
+        description="Valid / structured outputs over the rolling window "
+        "(telemetry.validity_window_s); absent while the window has none.",
+    )
+    observe_counters(
+        meter,
+        {
+            "semhealth_label_values_folded": (
+                folded,
+                "Label values folded into 'other' by the cardinality guard.",
+            ),
+            "semhealth_otlp_export_failures": (
+                export_failures,
+                "OTLP metric exports that failed (the agent keeps serving).",
+            ),
+        },
+    )
 
 
 class _Push:

@@ -5,7 +5,7 @@ no writing, long contexts and mixed-language negatives, are assembled from other
 texts, only ever from the same split and language, so no held-out or unseen text is seen
 while fitting. Deterministic: running it again gives the same file.
 
-    python embeddings/data/build_hard_pairs.py
+    python src/semhealth/embeddings/data/build_hard_pairs.py
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import json
 import os
 import signal
 import ssl
@@ -173,9 +174,11 @@ async def test_tls_and_basic_auth_guard_metrics_and_leave_health_open(pki: Pki) 
         assert status == 401
         status, _, _ = await _get(admin + "/alerts", context=tls, headers=_auth(user="nobody"))
         assert status == 401
+        status, _, _ = await _get(admin + "/shadow", context=tls)
+        assert status == 401
         status, _, metrics = await _get(admin + "/metrics", context=tls, headers=_auth())
         assert status == 200
-        assert _failures(metrics) == 3.0
+        assert _failures(metrics) == 4.0
         assert PASSWORD not in metrics
         # Plain HTTP on the TLS port gets nothing.
         with pytest.raises(aiohttp.ClientError):
@@ -323,11 +326,16 @@ async def test_semhealth_run_locks_down_its_admin_front(pki: Pki) -> None:
         assert status == 401
         status, _, _ = await _get(run.admin + "/alerts", context=tls, headers=_auth())
         assert status == 404
+        status, _, _ = await _get(run.admin + "/shadow", context=tls)
+        assert status == 401
+        # Relayed from the analysis process, which has no shadow: block here.
+        status, _, body = await _get(run.admin + "/shadow", context=tls, headers=_auth())
+        assert status == 404 and json.loads(body)["enabled"] is False
         status, headers, metrics = await _get(run.admin + "/metrics", context=tls, headers=_auth())
         assert status == 200
         assert headers["X-Content-Type-Options"] == "nosniff"
         assert "semhealth_records_total" in metrics  # from the analysis process
-        assert _failures(metrics) == 2.0  # from the front
+        assert _failures(metrics) == 3.0  # from the front
         assert metrics.count(f"# TYPE {FAILURES} counter") == 1
         # A rotated certificate (a renewed Secret) is served on the next connection.
         port = int(run.admin.rsplit(":", 1)[1])

@@ -215,3 +215,39 @@ async def test_the_forwarding_process_maps_no_analysis_library() -> None:
 
 def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
+
+
+async def test_the_front_relays_the_shadow_summary_from_the_analysis_process(
+    tmp_path: Path,
+) -> None:
+    stream = RawScript(chunks=CHUNKS[:5], content_type="text/event-stream")
+    upstream = SimulatedUpstream(lambda r: stream)
+    candidate = SimulatedUpstream(lambda r: stream)
+    await upstream.start()
+    await candidate.start()
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(
+        f"shadow:\n  upstream:\n    url: {candidate.url}\n  routes: [chat_completions]\n"
+        "  sample_rate: 1.0\n  max_per_minute: 1000\n"
+    )
+    try:
+        async with sidecar(upstream.url, "--config", str(config)) as running:
+            async with aiohttp.ClientSession() as client:
+                for _ in range(3):
+                    await _stream(client, running.proxy)
+
+                async def summary() -> dict[str, object] | None:
+                    async with client.get(running.admin + "/shadow") as r:
+                        assert r.status == 200, await r.text()
+                        document: dict[str, object] = await r.json()
+                    return document if document["routes"] else None
+
+                await _until(summary)
+                document = await summary()
+        assert document is not None
+        (route,) = document["routes"]  # type: ignore[misc]
+        assert route["route"] == "chat_completions" and route["pairs"] == 3
+        assert len(candidate.received) == 3
+    finally:
+        await upstream.shutdown()
+        await candidate.shutdown()

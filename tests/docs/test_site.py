@@ -14,9 +14,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -28,10 +25,9 @@ from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 import aiohttp
-import pytest
 
 from semhealth.alerts import load_rules
-from tests.docs.runbooks import REPO, SITE_URL
+from tests.docs.runbooks import SITE_URL
 from tests.servers import require_binary
 
 # What one page shows: its headings, the navigation's links, every link, every element id.
@@ -54,22 +50,6 @@ _CHROMIUM_FLAGS = (
     "--remote-allow-origins=*",
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",  # nothing off the site
 )
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    build = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
-    return out
 
 
 class _Quiet(SimpleHTTPRequestHandler):

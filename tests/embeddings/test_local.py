@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from semhealth.embeddings.cpus import available_cpus, cgroup_cpu_limit
+from semhealth.common.cpus import available_cpus, cgroup_cpu_limit
 from semhealth.embeddings.errors import BackendError, ModelLoadError
 from semhealth.embeddings.local import LocalBackend, resolve_model, select_device
 

@@ -560,6 +560,7 @@ class Agent:
             ready=self.ready,
             render_metrics=self.telemetry.render_prometheus,
             render_alerts=self.alerting.status_json if self.alerting is not None else None,
+            render_shadow=self.shadow.render_json if self.shadow is not None else None,
             gate=self.admin_gate,
         )
         self._admin_runner = web.AppRunner(

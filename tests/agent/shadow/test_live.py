@@ -388,3 +388,30 @@ async def test_the_candidate_gets_the_same_request_streamed_as_asked_with_its_mo
     assert shadowed_request.json["stream"] is True
     assert shadowed_request.path == sent.path == "/v1/chat/completions"
     assert run.stats.pairs == {(ROUTE, "exact"): 1}
+
+
+async def test_the_admin_port_serves_the_shadow_summary() -> None:
+    async with shadowed(answering(PARIS), answering(LYON)) as run:
+        client = run.client()
+        for _ in range(2):
+            await ask(client)
+        await client.close()
+        await run.settled(2)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(run.agent.admin_url + "/shadow") as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"].startswith("application/json")
+                served = orjson.loads(await response.read())
+    (route,) = served["routes"]
+    assert route["route"] == ROUTE and route["pairs"] == 2
+    assert served["counts"]["pairs"] == {ROUTE: {"differs": 2}}
+
+
+async def test_the_admin_port_says_shadowing_is_off_without_a_shadow_block() -> None:
+    async with shadowed(answering(PARIS), answering(PARIS), shadow_on=False) as run:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(run.agent.admin_url + "/shadow") as response:
+                assert response.status == 404
+                document = orjson.loads(await response.read())
+    assert document["enabled"] is False
+    assert "shadow" in document["reason"]

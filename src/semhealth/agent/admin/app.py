@@ -1,15 +1,17 @@
-"""Admin endpoints: liveness, readiness, metrics and alerts, on their own listener.
+"""Admin endpoints: liveness, readiness, metrics, alerts and the shadow summary, on their
+own listener.
 
 They live apart from the proxy so that a scrape or a probe never shares a
 port, a path space or a queue with the application's traffic.
 
 Two apps serve them: ``build_admin_app`` (the agent's own, in one process and in the
 analysis process) and ``build_front_app`` (the admin port of ``semhealth run``, in the
-forwarding process: health answered there, ``/metrics`` and ``/alerts`` fetched from the
-analysis process). Both are locked down the same way by an ``AdminGate``: the web
-configuration (``semhealth.agent.admin.webconfig``) gives TLS, response headers, a rate limit and
-basic auth. ``/healthz`` and ``/readyz`` stay open for kubelet probes (over TLS when TLS is
-on); everything else needs credentials when users are configured. ``/alerts`` can be off.
+forwarding process: health answered there, ``/metrics``, ``/alerts`` and ``/shadow``
+fetched from the analysis process). Both are locked down the same way by an ``AdminGate``:
+the web configuration (``semhealth.agent.admin.webconfig``) gives TLS, response headers, a
+rate limit and basic auth. ``/healthz`` and ``/readyz`` stay open for kubelet probes (over
+TLS when TLS is on); everything else needs credentials when users are configured.
+``/alerts`` can be off; ``/shadow`` answers 404 when no ``shadow:`` block shadows.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ AUTH_FAILURES_HELP = (
 )
 _ALERTS_OFF = b'{"enabled": false, "reason": "the /alerts endpoint is turned off"}\n'
 _ALERTING_OFF = b'{"enabled": false, "reason": "alerts.enabled is false"}\n'
+_SHADOW_OFF = b'{"enabled": false, "reason": "no shadow: block in the configuration"}\n'
 _ANALYSIS_TIMEOUT_S = 30.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -152,6 +155,7 @@ def build_admin_app(
     ready: Callable[[], bool],
     render_metrics: Callable[[], bytes],
     render_alerts: Callable[[], bytes] | None = None,
+    render_shadow: Callable[[], bytes] | None = None,
     gate: AdminGate | None = None,
 ) -> web.Application:
     alerts_endpoint = gate is None or gate.access.alerts_endpoint
@@ -179,11 +183,19 @@ def build_admin_app(
         body = await asyncio.to_thread(render_alerts)
         return web.Response(body=body, content_type="application/json")
 
+    async def shadow(_request: web.Request) -> web.Response:
+        if render_shadow is None:
+            return web.Response(status=404, body=_SHADOW_OFF, content_type="application/json")
+        # Bootstrap intervals over the window's pairs: off the loop, like /metrics.
+        body = await asyncio.to_thread(render_shadow)
+        return web.Response(body=body, content_type="application/json")
+
     app = web.Application(middlewares=[gate.middleware] if gate is not None else [])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/alerts", alerts)
+    app.router.add_get("/shadow", shadow)
     return app
 
 
@@ -208,9 +220,9 @@ def build_front_app(
     gate: AdminGate,
 ) -> web.Application:
     """The admin port of ``semhealth run``: health from the forwarding process itself (a
-    restarting analysis process never makes the pod unready), ``/metrics`` and ``/alerts``
-    from the analysis process over its Unix socket. ``analysis_down`` answers for it while
-    it is not serving."""
+    restarting analysis process never makes the pod unready), ``/metrics``, ``/alerts`` and
+    ``/shadow`` from the analysis process over its Unix socket. ``analysis_down`` answers for
+    it while it is not serving."""
     session: dict[str, aiohttp.ClientSession] = {}
 
     async def healthz(_request: web.Request) -> web.Response:
@@ -256,6 +268,7 @@ def build_front_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", relayed)
     app.router.add_get("/alerts", relayed)
+    app.router.add_get("/shadow", relayed)
     return app
 
 

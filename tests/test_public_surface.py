@@ -29,6 +29,8 @@ SURFACE = {
         "StructureRequest", "ToolCall", "Usage", "default_config", "detect_framing",
         "extract_request", "intervals_s", "make_decoder", "match_route", "measure_continuity",
         "FRAMINGS", "PROVIDERS", "quantile", "validate_jsonpath", "TraceRef", "check_record",
+        "gen_ai_provider", "operation_name", "wire_format", "model_from_path",
+        "EventStreamDecoder", "JSONArrayDecoder", "event_message", "exception_message",
     },
     "semhealth.collectors.adapters": {
         "ADAPTER_NAMES", "Adapter", "AnthropicMessagesAdapter", "OllamaAdapter",

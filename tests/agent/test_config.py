@@ -91,7 +91,7 @@ BAD_FILES = {
     "bad_enum.yaml": [
         "{file}:6:5: routes[0].provider: unknown provider 'openai' (fix: did you mean"
         " 'openai_chat'? (one of: auto, openai_chat, openai_completions, openai_responses,"
-        " anthropic_messages, ollama, tgi))",
+        " anthropic_messages, ollama, tgi, gemini, vertex_ai, bedrock_converse, bedrock_invoke, cohere_chat))",
     ],
     "bad_url_scheme.yaml": [
         "{file}:2:3: upstream.url: scheme 'ftp' is not supported"
@@ -144,7 +144,7 @@ BAD_FILES = {
         "{file}:8:3: listen.admin: admin ([::1]:9464) and proxy ([::1]:9464) use the same"
         " port (fix: give listen.admin a port of its own)",
         "{file}:13:5: routes[0].framing: unknown framing 'websocket'"
-        " (fix: use one of: auto, sse, ndjson, length_prefixed, json)",
+        " (fix: use one of: auto, sse, ndjson, length_prefixed, json, aws_eventstream, json_array)",
         "{file}:14:5: routes[1].name: '2fast' is not a valid route name"
         " (fix: write it like chat_completions or rag_answer)",
         "{file}:17:3: log: 'levle' is not a setting (fix: did you mean 'level'?)",

@@ -43,7 +43,6 @@ def test_detect_framing_maps_media_type(content_type: str | None, framing: str) 
         "application/grpc",
         "application/grpc+proto",
         "application/connect+json",
-        "application/vnd.amazon.eventstream",
         "application/json-seq",
     ],
 )
@@ -90,3 +89,13 @@ def test_make_decoder_refuses_unknown_framing() -> None:
 def test_decoders_refuse_a_limit_below_one_byte(framing: str) -> None:
     with pytest.raises(ValueError, match="max_frame_bytes"):
         make_decoder(framing, 0)
+
+
+def test_aws_event_streams_get_their_own_decoder() -> None:
+    assert detect_framing("application/vnd.amazon.eventstream") == "aws_eventstream"
+
+
+def test_gemini_json_is_a_streamed_array_and_other_json_one_body() -> None:
+    assert detect_framing("application/json; charset=UTF-8", "gemini") == "json_array"
+    assert detect_framing("application/json", "vertex_ai") == "json_array"
+    assert detect_framing("application/json", "openai_chat") == "json"

@@ -36,6 +36,7 @@ from semhealth.collectors.request import extract_request
 from semhealth.collectors.validity import SchemaCache, validate_record
 
 OTHER_ROUTE = "other"
+_STREAM_FRAMINGS = frozenset({"sse", "ndjson", "length_prefixed", "aws_eventstream"})
 CLIENT_ABORTED = "client_aborted"
 
 # Collectors built without a cache of their own share this one: validators are compiled
@@ -155,8 +156,12 @@ class StreamCollector:
         self.provider = provider
         framing = route.framing if route else "auto"
         if framing == "auto":
-            framing = detect_framing(exchange.content_type)
+            framing = detect_framing(exchange.content_type, provider)
         self.framing = framing
+        # A JSON array is a stream where the method streams (Gemini's :streamGenerateContent).
+        self._streamed = framing in _STREAM_FRAMINGS or (
+            framing == "json_array" and path.endswith(":streamGenerateContent")
+        )
         self._decoder: Decoder = make_decoder(framing, self._limits.max_frame_bytes)
         self._adapter = make_adapter(provider)
         self._state = StreamState()
@@ -238,12 +243,13 @@ class StreamCollector:
             first_byte_ns=self._first_byte_ns,
             first_delta_ns=first_delta_ns,
             delta_ns=delta_ns,
+            first_reasoning_ns=state.first_reasoning_ns,
             output_text=state.output_text,
             tool_calls=state.tool_calls(),
-            usage=Usage(state.usage_in, state.usage_out),
+            usage=Usage(state.usage_in, state.usage_out, state.usage_reasoning),
             finish_reason=state.finish_reason,
             done=state.done,
-            streamed=self.framing in ("sse", "ndjson", "length_prefixed"),
+            streamed=self._streamed,
             error_type=error_type or _error_type(exchange.status, state.errors, client_aborted),
             ratelimit_source=exchange.ratelimit_source,
             client_aborted=client_aborted,
@@ -274,6 +280,7 @@ class StreamCollector:
             self.provider,
             self._extract,
             long_context_tokens=self._analysis.long_context_tokens,
+            path=exchange.path,
         )
 
 

@@ -17,8 +17,13 @@ PROVIDERS = (
     "anthropic_messages",
     "ollama",
     "tgi",
+    "gemini",
+    "vertex_ai",
+    "bedrock_converse",
+    "bedrock_invoke",
+    "cohere_chat",
 )
-FRAMINGS = ("auto", "sse", "ndjson", "length_prefixed", "json")
+FRAMINGS = ("auto", "sse", "ndjson", "length_prefixed", "json", "aws_eventstream", "json_array")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +86,20 @@ def default_routes() -> tuple[Route, ...]:
         Route(name="ollama_generate", match="*/api/generate", provider="ollama"),
         Route(name="tgi_generate", match="*/generate_stream", provider="tgi"),
         Route(name="tgi_generate", match="*/generate", provider="tgi"),
+        # Gemini API and Vertex AI (provider auto: the path tells which), Claude on Vertex AI.
+        Route(name="generate_content", match="*:streamGenerateContent"),
+        Route(name="generate_content", match="*:generateContent"),
+        Route(name="messages", match="*:streamRawPredict", provider="anthropic_messages"),
+        Route(name="messages", match="*:rawPredict", provider="anthropic_messages"),
+        Route(name="converse", match="*/model/*/converse-stream", provider="bedrock_converse"),
+        Route(name="converse", match="*/model/*/converse", provider="bedrock_converse"),
+        Route(
+            name="invoke_model",
+            match="*/model/*/invoke-with-response-stream",
+            provider="bedrock_invoke",
+        ),
+        Route(name="invoke_model", match="*/model/*/invoke", provider="bedrock_invoke"),
+        Route(name="chat", match="*/v2/chat", provider="cohere_chat"),
     )
 
 

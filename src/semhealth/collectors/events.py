@@ -20,6 +20,16 @@ class ContentDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Reasoning arrived (thinking, thought parts, reasoning content): timed, never kept.
+
+    It is not the answer: not scored for relevance, not validated, not in the continuity
+    index. Only its arrival time is used (time to first reasoning token)."""
+
+    t: int
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A piece of one tool call: its identity when first seen, then argument fragments."""
 
@@ -35,7 +45,8 @@ class UsageReport:
     """Token usage the stream reported. Later reports fill in or replace earlier fields."""
 
     input_tokens: int | None = None
-    output_tokens: int | None = None
+    output_tokens: int | None = None  # reasoning included, as every provider but Gemini counts
+    reasoning_tokens: int | None = None  # the part of output_tokens spent reasoning
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +88,7 @@ class Malformed:
 
 AdapterEvent = (
     ContentDelta
+    | ReasoningDelta
     | ToolCallDelta
     | UsageReport
     | ModelReport

@@ -23,6 +23,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
     UsageReport,
@@ -104,7 +105,8 @@ class ToolCall:
 @dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int | None = None
-    output_tokens: int | None = None
+    output_tokens: int | None = None  # reasoning tokens included
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,7 @@ class StreamRecord:
     first_byte_ns: int | None = None  # first body chunk received
     first_delta_ns: int | None = None  # first content or tool-argument delta
     delta_ns: tuple[int, ...] = ()  # arrival of every content/tool-argument delta, in order
+    first_reasoning_ns: int | None = None  # first reasoning delta (thinking), not in delta_ns
     output_text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
@@ -178,6 +181,13 @@ class StreamRecord:
         return (self.first_delta_ns - self.start_ns) / 1e9
 
     @property
+    def reasoning_ttft_s(self) -> float | None:
+        """Time to first reasoning token: request received -> first reasoning delta arrived."""
+        if self.first_reasoning_ns is None:
+            return None
+        return (self.first_reasoning_ns - self.start_ns) / 1e9
+
+    @property
     def ttfb_s(self) -> float | None:
         """Time to first chunk: request received -> first response body byte arrived."""
         if self.first_byte_ns is None:
@@ -196,9 +206,11 @@ class StreamState:
         "done",
         "errors",
         "finish_reason",
+        "first_reasoning_ns",
         "malformed",
         "usage_in",
         "usage_out",
+        "usage_reasoning",
     )
 
     def __init__(self) -> None:
@@ -208,6 +220,8 @@ class StreamState:
         self.delta_ns: list[int] = []
         self.usage_in: int | None = None
         self.usage_out: int | None = None
+        self.usage_reasoning: int | None = None
+        self.first_reasoning_ns: int | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.errors: list[str] = []
@@ -237,11 +251,16 @@ class StreamState:
                 if args:
                     slot[2].append(args)
                     self.delta_ns.append(t)
-            case UsageReport(input_tokens=tin, output_tokens=tout):
+            case ReasoningDelta(t=t):
+                if self.first_reasoning_ns is None:
+                    self.first_reasoning_ns = t
+            case UsageReport(input_tokens=tin, output_tokens=tout, reasoning_tokens=treason):
                 if tin is not None:
                     self.usage_in = tin
                 if tout is not None:
                     self.usage_out = tout
+                if treason is not None:
+                    self.usage_reasoning = treason
             case ModelReport(model=model):
                 self._model = model
             case Finish(reason=reason):

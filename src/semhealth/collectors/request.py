@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from jsonpath_ng.ext import parse as _jsonpath_parse  # type: ignore[import-untyped]
@@ -39,8 +40,18 @@ CHUNK_CHARS = 1000
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _TOOL_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+_GEMINI_ROLES = {"user": "user", "model": "assistant", "function": "tool"}
+_OPENAPI_DROPPED = frozenset({"nullable", "propertyOrdering", "example"})
 
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+_PATH_MODEL = re.compile(
+    r"/models/([^/:]+):[A-Za-z]+$"
+    r"|/model/([^/]+)/(?:converse-stream|converse|invoke-with-response-stream|invoke)$"
+)
+_STREAMING_METHOD = re.compile(
+    r":(?:streamGenerateContent|streamRawPredict)(?:\?|$)"
+    r"|/(?:converse-stream|invoke-with-response-stream)(?:\?|$)"
+)
 # Split *after* a sentence end so each piece keeps its terminator.
 _SENTENCE_END = re.compile("(?<=[.!?] )|(?<=[\u3002\uff01\uff1f\n])")
 
@@ -76,6 +87,7 @@ def extract_request(
     *,
     long_context_tokens: int,
     chunk_chars: int = CHUNK_CHARS,
+    path: str = "",
 ) -> tuple[RequestFacts, str]:
     """Read one request body; return its facts and its prompt class.
 
@@ -103,8 +115,8 @@ def extract_request(
     found = _apply_overrides(doc, extract, found)
     return _facts(
         found,
-        model=_nonempty_str(doc.get("model")),
-        stream=_stream_flag(provider, doc.get("stream")),
+        model=_nonempty_str(doc.get("model")) or model_from_path(path),
+        stream=_stream_flag(provider, doc.get("stream"), path),
         structure=structure,
         chunk_chars=chunk_chars,
         long_context_tokens=long_context_tokens,
@@ -203,11 +215,24 @@ def _prompt_class(estimate: int, long_context_tokens: int | None) -> str:
     return "short"
 
 
-def _stream_flag(provider: str, value: object) -> bool:
+def _stream_flag(provider: str, value: object, path: str) -> bool:
     if isinstance(value, bool):
         return value
+    # Gemini and Bedrock say it in the method (the path), not in the body.
+    if _STREAMING_METHOD.search(path):
+        return True
     # Ollama streams unless told not to; every other API answers in one body by default.
     return provider == "ollama"
+
+
+def model_from_path(path: str) -> str | None:
+    """The model a path names, where the API puts it there and not in the body: Gemini's
+    ``models/{model}:method``, Vertex AI's ``publishers/{p}/models/{model}:method`` and
+    Bedrock's ``/model/{modelId}/converse`` (percent-decoded: ids hold ``:``)."""
+    match = _PATH_MODEL.search(path.split("?", 1)[0])
+    if match is None:
+        return None
+    return unquote(match.group(1) or match.group(2)) or None
 
 
 def _read_provider(
@@ -370,6 +395,209 @@ def _anthropic_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
         for tool in _dicts(doc.get("tools"))
         if isinstance(tool.get("input_schema"), dict)
     )
+
+
+# --- Google Gemini and Vertex AI --------------------------------------------------------------
+
+
+def _gemini(doc: dict[str, Any]) -> _Conversation:
+    contents = doc.get("contents")
+    if not isinstance(contents, list):
+        return _UNUSABLE
+    system = _opt(_gemini_text(_dict_or_empty(doc.get("systemInstruction")).get("parts")))
+    turns: list[_Turn] = []
+    for content in _dicts(contents):
+        role = content.get("role")
+        parts = content.get("parts")
+        extras = tuple(
+            orjson.dumps(response).decode()
+            for part in _dicts(parts)
+            if (response := _dict_or_empty(part.get("functionResponse")).get("response"))
+            is not None
+        )
+        # A content with no role is the user's (the API's own default).
+        turns.append(
+            _Turn(
+                role=_GEMINI_ROLES.get(role if isinstance(role, str) else "user", "user"),
+                text=_gemini_text(parts),
+                extras=extras,
+            )
+        )
+    return _split_turns(system, turns)
+
+
+def _gemini_text(parts: object) -> str | None:
+    """The text parts of a Gemini ``parts`` list joined by newlines; thoughts are not text."""
+    texts = [
+        part["text"]
+        for part in _dicts(parts)
+        if isinstance(part.get("text"), str) and not part.get("thought")
+    ]
+    return "\n".join(texts) if texts else None
+
+
+def _gemini_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    config = _dict_or_empty(doc.get("generationConfig"))
+    if config.get("responseMimeType") == "application/json":
+        if isinstance(config.get("responseJsonSchema"), dict):
+            found.append(_schema_request("json_schema", config["responseJsonSchema"], None))
+        elif isinstance(config.get("responseSchema"), dict):
+            converted = openapi_schema(config["responseSchema"])
+            found.append(_schema_request("json_schema", converted, None))
+        else:
+            found.append(StructureRequest("json_object"))
+    for tool in _dicts(doc.get("tools")):
+        for function in _dicts(tool.get("functionDeclarations")):
+            schema = function.get("parametersJsonSchema")
+            if not isinstance(schema, dict) and isinstance(function.get("parameters"), dict):
+                schema = openapi_schema(function["parameters"])
+            found.append(_schema_request("tool_input", schema, function.get("name")))
+    return tuple(found)
+
+
+def openapi_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Gemini's ``Schema`` (an OpenAPI 3.0 subset with upper-case types) as JSON Schema.
+
+    Types are lower-cased, ``nullable`` becomes a ``null`` type, ``anyOf``, ``properties``
+    and ``items`` are converted in turn, and the keys JSON Schema does not know
+    (``propertyOrdering``, ``example``) are dropped. Iterative: bodies can nest deeply.
+    """
+    root: dict[str, Any] = {}
+    stack: list[tuple[dict[str, Any], dict[str, Any]]] = [(schema, root)]
+    while stack:
+        source, target = stack.pop()
+        for key, value in source.items():
+            if key in _OPENAPI_DROPPED:
+                continue
+            if key == "type" and isinstance(value, str):
+                target["type"] = value.lower()
+            elif key == "properties" and isinstance(value, dict):
+                target[key] = {name: {} for name in value}
+                stack += [
+                    (sub, target[key][name]) for name, sub in value.items() if isinstance(sub, dict)
+                ]
+            elif key in ("items", "not") and isinstance(value, dict):
+                target[key] = {}
+                stack.append((value, target[key]))
+            elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+                target[key] = [{} for _ in value]
+                stack += [
+                    (sub, slot)
+                    for sub, slot in zip(value, target[key], strict=True)
+                    if isinstance(sub, dict)
+                ]
+            else:
+                target[key] = value
+        if source.get("nullable") is True and isinstance(target.get("type"), str):
+            target["type"] = [target["type"], "null"]
+    return root
+
+
+# --- Amazon Bedrock -----------------------------------------------------------------------------
+
+
+def _bedrock_converse(doc: dict[str, Any]) -> _Conversation:
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return _UNUSABLE
+    system = _opt(_converse_text(doc.get("system")))
+    turns: list[_Turn] = []
+    for message in _dicts(messages):
+        role = message.get("role")
+        content = message.get("content")
+        extras: list[str] = []
+        for block in _dicts(content):
+            result = block.get("toolResult")
+            if isinstance(result, dict):
+                extras.extend(_opt(_converse_text(result.get("content"))))
+            document = _dict_or_empty(block.get("document"))
+            source = _dict_or_empty(document.get("source"))
+            extras.extend(_opt(_converse_text(source.get("content"))))
+            extras.extend(_opt(_nonempty_str(source.get("text"))))
+        turns.append(
+            _Turn(
+                role=role if isinstance(role, str) else "",
+                text=_converse_text(content),
+                extras=tuple(extras),
+            )
+        )
+    return _split_turns(system, turns)
+
+
+def _converse_text(blocks: object) -> str | None:
+    """The ``text`` blocks of a Converse content list (``json`` blocks as their JSON)."""
+    if isinstance(blocks, str):
+        return blocks
+    texts: list[str] = []
+    for block in _dicts(blocks):
+        if isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif "json" in block:
+            texts.append(orjson.dumps(block["json"]).decode())
+    return "\n".join(texts) if texts else None
+
+
+def _bedrock_converse_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    tools = _dict_or_empty(doc.get("toolConfig")).get("tools")
+    found: list[StructureRequest] = []
+    for tool in _dicts(tools):
+        spec = tool.get("toolSpec")
+        if isinstance(spec, dict):
+            schema = _dict_or_empty(spec.get("inputSchema")).get("json")
+            found.append(_schema_request("tool_input", schema, spec.get("name")))
+    return tuple(found)
+
+
+def _bedrock_invoke(doc: dict[str, Any]) -> tuple[_Conversation, tuple[StructureRequest, ...]]:
+    """InvokeModel bodies are the model family's own: Anthropic Messages
+    (``anthropic_version``), Nova (Converse's shape under ``messages``, ``system``) or a
+    plain ``prompt`` (Llama, Mistral) / ``inputText`` (Titan)."""
+    if "anthropic_version" in doc:
+        return _anthropic(doc), _anthropic_structure(doc)
+    if isinstance(doc.get("messages"), list):
+        return _bedrock_converse(doc), _bedrock_converse_structure(doc)
+    for key in ("prompt", "inputText"):
+        if isinstance(doc.get(key), str):
+            return _split_turns((), [_Turn(role="user", text=doc[key])]), ()
+    return _UNUSABLE, ()
+
+
+# --- Cohere -------------------------------------------------------------------------------------
+
+
+def _cohere(doc: dict[str, Any]) -> _Conversation:
+    found = _openai_chat(doc)
+    documents = [_cohere_document(d) for d in _list_or_empty(doc.get("documents"))]
+    if not found.usable:
+        return found
+    context = tuple(text for text in documents if text is not None and _has_text(text))
+    return _Conversation(query=found.query, context=found.context + context, usable=True)
+
+
+def _cohere_document(document: object) -> str | None:
+    """A document is a string, or ``{"data": {...}}`` / ``{"id", "data"}``: its string
+    fields, in order."""
+    if isinstance(document, str):
+        return document
+    data = _dict_or_empty(document).get("data", document)
+    if isinstance(data, str):
+        return data
+    texts = [value for value in _dict_or_empty(data).values() if isinstance(value, str)]
+    return "\n".join(texts) if texts else None
+
+
+def _cohere_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    response_format = _dict_or_empty(doc.get("response_format"))
+    if response_format.get("type") == "json_object":
+        schema = response_format.get("json_schema")
+        if isinstance(schema, dict):
+            found.append(_schema_request("json_schema", schema, None))
+        else:
+            found.append(StructureRequest("json_object"))
+    found.extend(_function_tools(doc.get("tools")))
+    return tuple(found)
 
 
 # --- Ollama and TGI ---------------------------------------------------------------------------
@@ -537,6 +765,10 @@ def _dicts(items: object) -> Iterator[dict[str, Any]]:
         yield from (item for item in items if isinstance(item, dict))
 
 
+def _list_or_empty(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _dict_or_empty(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -556,7 +788,7 @@ def _has_text(text: str | None) -> bool:
 _Reader = Callable[[dict[str, Any]], tuple[_Conversation, tuple[StructureRequest, ...]]]
 
 # How each provider of ``config.PROVIDERS`` (but ``auto``) carries query, context and the
-# structured-output request; tests/test_twins.py pins the keys to that list.
+# structured-output request; a test pins the keys to that list.
 _READERS: dict[str, _Reader] = {
     "openai_chat": lambda doc: (_openai_chat(doc), _openai_chat_structure(doc)),
     "openai_completions": lambda doc: (_openai_completions(doc), ()),
@@ -564,4 +796,9 @@ _READERS: dict[str, _Reader] = {
     "anthropic_messages": lambda doc: (_anthropic(doc), _anthropic_structure(doc)),
     "ollama": lambda doc: (_ollama(doc), _ollama_structure(doc)),
     "tgi": lambda doc: (_tgi(doc), _tgi_structure(doc)),
+    "gemini": lambda doc: (_gemini(doc), _gemini_structure(doc)),
+    "vertex_ai": lambda doc: (_gemini(doc), _gemini_structure(doc)),
+    "bedrock_converse": lambda doc: (_bedrock_converse(doc), _bedrock_converse_structure(doc)),
+    "bedrock_invoke": _bedrock_invoke,
+    "cohere_chat": lambda doc: (_cohere(doc), _cohere_structure(doc)),
 }

@@ -513,7 +513,11 @@ def test_provider_names() -> None:
 
     assert provider({"gen_ai.provider.name": "openai"}) == "openai_chat"
     assert provider({"gen_ai.system": "anthropic"}) == "anthropic_messages"
-    assert provider({"gen_ai.provider.name": "aws.bedrock"}) == "aws.bedrock"
+    # A span's provider is named by the wire format the proxy would read it in.
+    assert provider({"gen_ai.provider.name": "aws.bedrock"}) == "bedrock_converse"
+    assert provider({"gen_ai.provider.name": "gcp.gemini"}) == "gemini"
+    assert provider({"gen_ai.provider.name": "azure.ai.openai"}) == "openai_chat"
+    assert provider({"gen_ai.provider.name": "ibm.watsonx.ai"}) == "ibm.watsonx.ai"
     assert provider({}) == "unknown"
     (completion,), _ = records_of(
         [span({"gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "openai"})]

@@ -46,7 +46,7 @@ def test_make_adapter_returns_a_fresh_instance_per_call() -> None:
 
 
 def test_make_adapter_rejects_auto_and_unknown_names() -> None:
-    for name in ("auto", "gemini"):
+    for name in ("auto", "palm"):
         with pytest.raises(ValueError, match="no adapter for provider"):
             make_adapter(name)
 
@@ -64,6 +64,25 @@ def test_make_adapter_rejects_auto_and_unknown_names() -> None:
         ("/api/generate", "ollama"),
         ("/generate_stream", "tgi"),
         ("/generate", "tgi"),
+        ("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", "gemini"),
+        ("/v1/models/gemini-2.5-flash:generateContent", "gemini"),
+        (
+            "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro"
+            ":streamGenerateContent",
+            "vertex_ai",
+        ),
+        (
+            "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4"
+            ":streamRawPredict",
+            "anthropic_messages",
+        ),
+        ("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse-stream", "bedrock_converse"),
+        ("/model/amazon.nova-lite-v1%3A0/converse", "bedrock_converse"),
+        ("/model/anthropic.claude-v2/invoke-with-response-stream", "bedrock_invoke"),
+        ("/model/meta.llama3-8b-instruct-v1%3A0/invoke", "bedrock_invoke"),
+        ("/v2/chat", "cohere_chat"),
+        ("/openai/deployments/d/responses?api-version=preview", "openai_responses"),
+        ("/openai/v1/chat/completions", "openai_chat"),
         ("/v1/embeddings", "unknown"),
         ("/", "unknown"),
     ],

@@ -10,6 +10,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
     UsageReport,
@@ -162,6 +163,7 @@ def test_tool_stream_emits_exact_events() -> None:
     assert feed_all(TOOL_STREAM) == [
         ModelReport(MODEL),
         UsageReport(input_tokens=472, output_tokens=2),
+        ReasoningDelta(102),  # thinking is timed, never content
         ContentDelta("Checking.", 106),
         ToolCallDelta(index=0, t=108, id="toolu_01T1x1fJ34qAmk2tNTrN7Up6", name="get_weather"),
         ToolCallDelta(index=0, t=110, arguments='{"location": "San Fra'),

@@ -10,6 +10,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
     UsageReport,
@@ -108,7 +109,7 @@ def test_text_stream_emits_exact_events() -> None:
         ContentDelta("Hello", 101),
         ContentDelta(" there!", 102),
         Finish("stop"),
-        UsageReport(input_tokens=19, output_tokens=3),
+        UsageReport(input_tokens=19, output_tokens=3, reasoning_tokens=0),
         Done(),
     ]
 
@@ -223,9 +224,9 @@ def test_content_parts_list_is_joined_text() -> None:
     assert ContentDelta("ok", 4) in OpenAIChatAdapter().feed(Frame(data=chunk(delta), t=4))
 
 
-def test_reasoning_content_is_not_content() -> None:
+def test_reasoning_content_is_timed_and_is_not_content() -> None:
     events = OpenAIChatAdapter().feed(Frame(data=chunk('{"reasoning_content":"think"}'), t=4))
-    assert events == [ModelReport("m")]
+    assert events == [ModelReport("m"), ReasoningDelta(4)]
 
 
 def test_bad_json_is_malformed_json() -> None:

@@ -10,6 +10,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
     UsageReport,
@@ -154,7 +155,7 @@ def test_text_stream_emits_exact_events() -> None:
         ContentDelta("Hi", 104),
         ContentDelta(" there!", 105),
         Finish("stop"),
-        UsageReport(input_tokens=37, output_tokens=11),
+        UsageReport(input_tokens=37, output_tokens=11, reasoning_tokens=0),
         Done(),
     ]
 
@@ -252,7 +253,7 @@ def test_body_emits_content_as_one_delta_and_done() -> None:
         ModelReport(MODEL),
         ContentDelta("In a peaceful grove beneath a silver moon...", 5),
         Finish("stop"),
-        UsageReport(input_tokens=36, output_tokens=87),
+        UsageReport(input_tokens=36, output_tokens=87, reasoning_tokens=0),
         Done(),
     ]
 
@@ -285,8 +286,13 @@ def test_queued_background_body_is_not_done() -> None:
 
 
 def test_unknown_event_type_is_ignored() -> None:
-    data = '{"type":"response.reasoning_summary_text.delta","output_index":0,"delta":"thinking"}'
+    data = '{"type":"response.future_event.delta","output_index":0,"delta":"x"}'
     assert OpenAIResponsesAdapter().feed(Frame(data=data, t=1)) == []
+
+
+def test_a_reasoning_summary_is_timed_and_is_not_content() -> None:
+    data = '{"type":"response.reasoning_summary_text.delta","output_index":0,"delta":"thinking"}'
+    assert OpenAIResponsesAdapter().feed(Frame(data=data, t=1)) == [ReasoningDelta(1)]
 
 
 def test_event_without_type_is_malformed_shape() -> None:

@@ -55,20 +55,12 @@ from semhealth.collectors import (
     Usage,
     check_record,
     extract_request,
+    wire_format,
 )
 
 OTHER_ROUTE = "other"
 OK_STATUS = 200
 ERROR_STATUS = 500
-
-# GenAI provider names -> the proxy's provider names where the wire format is the same.
-_PROVIDERS = {
-    ("openai", "text_completion"): "openai_completions",
-    ("openai", None): "openai_chat",
-    ("azure.ai.openai", None): "openai_chat",
-    ("anthropic", None): "anthropic_messages",
-    ("ollama", None): "ollama",
-}
 
 
 @dataclass(slots=True)
@@ -254,8 +246,7 @@ def _provider(attrs: Mapping[str, Any]) -> str:
     name = _str(attrs, c.PROVIDER) or _str(attrs, c.SYSTEM)
     if name is None:
         return "unknown"
-    operation = _str(attrs, c.OPERATION)
-    return _PROVIDERS.get((name, operation)) or _PROVIDERS.get((name, None)) or name
+    return wire_format(name, _str(attrs, c.OPERATION))
 
 
 def _int(attrs: Mapping[str, Any], keys: Sequence[str], problems: Problems) -> int | None:

@@ -25,20 +25,11 @@ from opentelemetry.util.types import AttributeValue
 
 from semhealth.agent.telemetry import instruments as m
 from semhealth.alerts.sample import Sample
-from semhealth.collectors import Continuity, intervals_s
+from semhealth.collectors import Continuity, gen_ai_provider, intervals_s, operation_name
 from semhealth.collectors.record import StreamRecord, ValidityResult
 from semhealth.embeddings.relevance import RelevanceScores
 
 OTHER = "other"
-
-# gen_ai.provider.name: the well-known values of the GenAI conventions where they apply.
-_GEN_AI_PROVIDER = {
-    "openai_chat": "openai",
-    "openai_completions": "openai",
-    "openai_responses": "openai",
-    "anthropic_messages": "anthropic",
-}
-_OPERATION = {"openai_completions": "text_completion", "tgi": "text_completion"}
 
 
 # The labels every alert signal carries (see semhealth.alerts.signals).
@@ -193,8 +184,8 @@ class Recorder:
         model = str(semantic[m.MODEL])
         request_model = self.guard.fold(m.MODEL, record.request.model or record.model)
         gen_ai: dict[str, AttributeValue] = {
-            m.OPERATION: _OPERATION.get(record.provider, "chat"),
-            m.GEN_AI_PROVIDER: _GEN_AI_PROVIDER.get(record.provider, record.provider),
+            m.OPERATION: operation_name(record.provider),
+            m.GEN_AI_PROVIDER: gen_ai_provider(record.provider),
             m.REQUEST_MODEL: request_model,
             m.RESPONSE_MODEL: model,
             m.ROUTE: route,

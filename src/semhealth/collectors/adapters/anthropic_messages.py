@@ -9,7 +9,8 @@ Decisions:
 - Tool index = order of ``tool_use`` blocks; content-block indices (which also
   count text and thinking blocks) map to it. ``server_tool_use`` blocks (web
   search, code execution run by Anthropic) are not the caller's tool calls.
-- Thinking is not content: the user does not read it as the answer.
+- Thinking is not content: the user does not read it as the answer. It is timed
+  (``ReasoningDelta``).
 - Input tokens = ``input_tokens`` + cache creation + cache reads, because
   Anthropic counts cached prompt tokens apart while OpenAI's ``prompt_tokens``
   (and the OTel GenAI convention) include them.
@@ -40,6 +41,7 @@ from semhealth.collectors.events import (
     ContentDelta,
     Done,
     Finish,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
 )
@@ -118,7 +120,9 @@ class AnthropicMessagesAdapter(FrameAdapter):
             if tool is None or not fragment:
                 return []
             return [ToolCallDelta(index=tool, t=t, arguments=fragment)]
-        return []  # thinking_delta, signature_delta, citations_delta
+        if kind == "thinking_delta":
+            return [ReasoningDelta(t)]
+        return []  # signature_delta, citations_delta
 
     def _new_tool(self, block: int) -> int:
         tool = self._tools

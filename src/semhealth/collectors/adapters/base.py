@@ -139,11 +139,25 @@ def opt_list(obj: JsonObject, key: str) -> list[Any] | None:
     raise FrameError(SHAPE)
 
 
-def usage_report(input_tokens: int | None, output_tokens: int | None) -> list[AdapterEvent]:
+def usage_report(
+    input_tokens: int | None, output_tokens: int | None, reasoning_tokens: int | None = None
+) -> list[AdapterEvent]:
     """A ``UsageReport`` when at least one count is known, else nothing."""
-    if input_tokens is None and output_tokens is None:
+    if input_tokens is None and output_tokens is None and reasoning_tokens is None:
         return []
-    return [UsageReport(input_tokens=input_tokens, output_tokens=output_tokens)]
+    return [
+        UsageReport(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            reasoning_tokens=reasoning_tokens,
+        )
+    ]
+
+
+def add_counts(*counts: int | None) -> int | None:
+    """The sum of the counts a provider gave, None when it gave none (absent is not zero)."""
+    known = [count for count in counts if count is not None]
+    return sum(known) if known else None
 
 
 def error_type(error: object, default: str = "error") -> str:

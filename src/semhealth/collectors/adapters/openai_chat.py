@@ -12,7 +12,8 @@ Decisions:
   and break the timing of the stream; usage still counts all choices.
 - A ``refusal`` is content: it is what the user reads, it arrives at token pace
   (continuity), and a refusal where JSON was required is an invalid output.
-- ``reasoning_content`` (vLLM, DeepSeek) is not content, like Anthropic thinking.
+- ``reasoning_content`` (vLLM, DeepSeek; ``reasoning`` on newer vLLM) is not content, like
+  Anthropic thinking: it is timed (``ReasoningDelta``).
 - A non-streamed body is complete by construction, so it ends with ``Done``.
 """
 
@@ -40,6 +41,7 @@ from semhealth.collectors.events import (
     ContentDelta,
     Done,
     Finish,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
 )
@@ -114,8 +116,11 @@ class _OpenAIAdapter(FrameAdapter):
                 self._choice(choice, frame.t, out)
         usage = opt_object(chunk, "usage") if chunk.get("usage") is not None else None
         if usage is not None:
+            details = opt_object(usage, "completion_tokens_details") or {}
             out += usage_report(
-                opt_int(usage, "prompt_tokens"), opt_int(usage, "completion_tokens")
+                opt_int(usage, "prompt_tokens"),
+                opt_int(usage, "completion_tokens"),
+                opt_int(details, "reasoning_tokens"),
             )
         if self._is_body(chunk, choices):
             out.append(Done())
@@ -145,6 +150,8 @@ class OpenAIChatAdapter(_OpenAIAdapter):
                     out.append(ContentDelta(text, t))
             if "tool_calls" in message or "function_call" in message:
                 out += _tool_calls(message, t)
+            if message.get("reasoning_content") or message.get("reasoning"):
+                out.append(ReasoningDelta(t))
         if choice.get("finish_reason") is not None:
             out += finish_reason(choice)
 

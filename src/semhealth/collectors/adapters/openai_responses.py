@@ -36,6 +36,7 @@ from semhealth.collectors.events import (
     ContentDelta,
     Done,
     Finish,
+    ReasoningDelta,
     StreamError,
     ToolCallDelta,
 )
@@ -44,6 +45,10 @@ from semhealth.collectors.frames import Frame
 _TEXT_DELTAS = frozenset({"response.output_text.delta", "response.refusal.delta"})
 _ARGUMENT_DELTAS = frozenset(
     {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
+)
+# Reasoning summaries and (open models') raw reasoning text: timed, never content.
+_REASONING_DELTAS = frozenset(
+    {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
 )
 _TOOL_ITEMS = frozenset({"function_call", "custom_tool_call"})
 _TERMINAL = {
@@ -71,6 +76,8 @@ class OpenAIResponsesAdapter(FrameAdapter):
             return [ContentDelta(text, frame.t)] if text else []
         if kind in _ARGUMENT_DELTAS:
             return self._argument_delta(obj, frame.t)
+        if kind in _REASONING_DELTAS:
+            return [ReasoningDelta(frame.t)]
         if kind == "response.output_item.added":
             return self._item_added(obj, frame.t)
         if kind in ("response.created", "response.in_progress"):
@@ -193,7 +200,12 @@ def _usage(response: JsonObject) -> list[AdapterEvent]:
     usage = opt_object(response, "usage")
     if usage is None:
         return []
-    return usage_report(opt_int(usage, "input_tokens"), opt_int(usage, "output_tokens"))
+    details = opt_object(usage, "output_tokens_details") or {}
+    return usage_report(
+        opt_int(usage, "input_tokens"),
+        opt_int(usage, "output_tokens"),
+        opt_int(details, "reasoning_tokens"),
+    )
 
 
 def _message_texts(item: JsonObject) -> list[str]:

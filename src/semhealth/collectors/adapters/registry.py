@@ -11,12 +11,16 @@ sniffer names what it chose in ``provider``, so the record can carry it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import orjson
 
 from semhealth.collectors.adapters.anthropic_messages import AnthropicMessagesAdapter
 from semhealth.collectors.adapters.base import Adapter
+from semhealth.collectors.adapters.bedrock import BedrockConverseAdapter, BedrockInvokeAdapter
+from semhealth.collectors.adapters.cohere import CohereChatAdapter
+from semhealth.collectors.adapters.gemini import GeminiAdapter
 from semhealth.collectors.adapters.ollama import OllamaAdapter
 from semhealth.collectors.adapters.openai_chat import OpenAIChatAdapter, OpenAICompletionsAdapter
 from semhealth.collectors.adapters.openai_responses import OpenAIResponsesAdapter
@@ -33,14 +37,70 @@ _FACTORIES: dict[str, Callable[[], Adapter]] = {
     "anthropic_messages": AnthropicMessagesAdapter,
     "ollama": OllamaAdapter,
     "tgi": TGIAdapter,
+    "gemini": GeminiAdapter,
+    "vertex_ai": GeminiAdapter,
+    "bedrock_converse": BedrockConverseAdapter,
+    "bedrock_invoke": BedrockInvokeAdapter,
+    "cohere_chat": CohereChatAdapter,
 }
 
 ADAPTER_NAMES = (*_FACTORIES, UNKNOWN)
 """Every name ``make_adapter`` accepts."""
 
+GEN_AI_PROVIDERS = {
+    "openai_chat": "openai",
+    "openai_completions": "openai",
+    "openai_responses": "openai",
+    "anthropic_messages": "anthropic",
+    "gemini": "gcp.gemini",
+    "vertex_ai": "gcp.vertex_ai",
+    "bedrock_converse": "aws.bedrock",
+    "bedrock_invoke": "aws.bedrock",
+    "cohere_chat": "cohere",
+}
+"""``gen_ai.provider.name`` of each wire format, the GenAI conventions' well-known values
+(the others, ollama and tgi, are named as they are)."""
+
+OPERATIONS = {"openai_completions": "text_completion", "tgi": "text_completion"}
+"""``gen_ai.operation.name`` where it is not ``chat``."""
+
+
+def gen_ai_provider(provider: str) -> str:
+    """The ``gen_ai.provider.name`` of a record's provider."""
+    return GEN_AI_PROVIDERS.get(provider, provider)
+
+
+def operation_name(provider: str) -> str:
+    """The ``gen_ai.operation.name`` of a record's provider."""
+    return OPERATIONS.get(provider, "chat")
+
+
+def wire_format(gen_ai_name: str, operation: str | None) -> str:
+    """The wire format (a record's provider) that a GenAI span's provider name speaks, or
+    the name itself when it is none of ours. Azure OpenAI speaks OpenAI's."""
+    if gen_ai_name == "azure.ai.openai":
+        gen_ai_name = "openai"
+    for provider, name in GEN_AI_PROVIDERS.items():
+        if name == gen_ai_name and OPERATIONS.get(provider, "chat") == (operation or "chat"):
+            return provider
+    for provider, name in GEN_AI_PROVIDERS.items():
+        if name == gen_ai_name:
+            return provider
+    return gen_ai_name
+
+
 # Longest suffix first where one ends another (``/chat/completions`` before ``/completions``,
 # ``/api/generate`` before ``/generate``).
 _PATH_SUFFIXES = (
+    (":streamGenerateContent", "gemini"),
+    (":generateContent", "gemini"),
+    (":streamRawPredict", "anthropic_messages"),  # Claude on Vertex AI
+    (":rawPredict", "anthropic_messages"),
+    ("/converse-stream", "bedrock_converse"),
+    ("/converse", "bedrock_converse"),
+    ("/invoke-with-response-stream", "bedrock_invoke"),
+    ("/invoke", "bedrock_invoke"),
+    ("/v2/chat", "cohere_chat"),
     ("/chat/completions", "openai_chat"),
     ("/completions", "openai_completions"),
     ("/responses", "openai_responses"),
@@ -61,6 +121,14 @@ _ANTHROPIC_TYPES = frozenset(
         "content_block_delta",
         "content_block_stop",
     }
+)
+# Vertex AI's Gemini paths: /v1/projects/{p}/locations/{l}/publishers/google/models/{m}:...
+_VERTEX = re.compile(r"/projects/[^/]+/locations/[^/]+/publishers/google/models/")
+_COHERE_TYPES = frozenset(
+    {"message-start", "content-start", "content-delta", "tool-plan-delta", "tool-call-start"}
+)
+_CONVERSE_EVENTS = frozenset(
+    {"messageStart", "contentBlockStart", "contentBlockDelta", "messageStop", "metadata"}
 )
 _OPENAI_OBJECTS = {
     "chat.completion": "openai_chat",
@@ -92,6 +160,8 @@ def detect_provider(path: str, content_type: str | None) -> str:
     clean = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     for suffix, provider in _PATH_SUFFIXES:
         if clean.endswith(suffix):
+            if provider == "gemini" and _VERTEX.search(clean):
+                return "vertex_ai"
             return provider
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == "application/x-ndjson":
@@ -105,6 +175,12 @@ def sniff_provider(frame: Frame) -> str | None:
         return "openai_responses"
     if frame.event in _ANTHROPIC_TYPES:
         return "anthropic_messages"
+    if frame.event in _COHERE_TYPES:
+        return "cohere_chat"
+    if frame.event in _CONVERSE_EVENTS:
+        return "bedrock_converse"
+    if frame.event == "chunk":
+        return "bedrock_invoke"
     try:
         value = orjson.loads(frame.data)
     except orjson.JSONDecodeError:
@@ -126,6 +202,10 @@ def _sniff_object(obj: dict[str, object]) -> str | None:
             return "openai_responses"
         if kind in _ANTHROPIC_TYPES:
             return "anthropic_messages"
+        if kind in _COHERE_TYPES:
+            return "cohere_chat"
+    if "candidates" in obj or "usageMetadata" in obj:
+        return "gemini"
     if "token" in obj or "generated_text" in obj:
         return "tgi"
     if "done" in obj and ("message" in obj or "response" in obj):

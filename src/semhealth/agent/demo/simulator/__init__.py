@@ -12,6 +12,12 @@ SDKs parse):
     */api/generate       Ollama generate           NDJSON, streams unless ``"stream": false``
     */generate_stream    TGI                       SSE token events, always streams
     */generate           TGI                       one JSON body
+    *:streamGenerateContent  Gemini, Vertex AI     SSE with ``alt=sse``, else a JSON array
+    *:generateContent    Gemini, Vertex AI         one JSON body
+    */converse-stream    Bedrock ConverseStream    AWS event-stream frames
+    */converse           Bedrock Converse          one JSON body
+    */invoke-with-response-stream   Bedrock        Claude's events, base64 in ``chunk`` frames
+    */v2/chat            Cohere v2 chat            SSE ``event:`` + ``data:``, if ``stream``
 
 Timing model of one streamed answer: the response head goes out at once (t0); the stream's
 opening frames (role chunk, ``response.created``, ``message_start``, ...) follow immediately;

@@ -92,13 +92,13 @@ def anthropic_body(plan: Plan) -> dict[str, Any]:
                 "type": "tool_use",
                 "id": f"toolu_{plan.tool_id}",
                 "name": plan.tool.name,
-                "input": _json_object_or_empty(plan.tool.arguments),
+                "input": json_object_or_empty(plan.tool.arguments),
             }
         )
     return _anthropic_message(plan, content, done=True)
 
 
-def _json_object_or_empty(text: str) -> dict[str, Any]:
+def json_object_or_empty(text: str) -> dict[str, Any]:
     # A non-streamed tool_use carries parsed input; arguments scripted as broken JSON have
     # no parsed form, and the real API only ever returns an object there.
     try:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import orjson
 
 from semhealth.agent.demo.simulator._script import Script, ScriptRequest, ToolScript
+from semhealth.collectors import model_from_path
 
 StepKind = Literal["open", "delta", "meta", "close"]
 
@@ -57,7 +58,8 @@ def make_plan(script: Script, request: ScriptRequest, serial: str) -> Plan:
     offsets = script.delta_offsets()
     split = len(script.pieces)
     body = request.json if isinstance(request.json, dict) else {}
-    model = script.model or str(body.get("model") or "sim-model")
+    # Gemini and Bedrock name the model in the path, not the body.
+    model = script.model or str(body.get("model") or model_from_path(request.path) or "sim-model")
     tool = script.tool_call
     return Plan(
         serial=serial,

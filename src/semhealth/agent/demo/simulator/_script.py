@@ -121,6 +121,7 @@ class ScriptRequest:
     headers: Mapping[str, str]
     json: Any
     body: bytes
+    query: str = ""  # the query string, undecoded (Gemini's ``alt=sse`` chooses a framing)
 
 
 ScriptFor = Callable[[ScriptRequest], Script | RawScript]

@@ -109,6 +109,7 @@ class SimulatedUpstream:
             headers=request.headers,
             json=_parse_json(body),
             body=body,
+            query=request.query_string,
         )
         self.received.append(script_request)
         try:
@@ -127,7 +128,7 @@ class SimulatedUpstream:
             return await _serve_error(request, wire, script, serial)
         plan = make_plan(script, script_request, serial)
         if wire.wants_stream(script_request):
-            headers = _headers(wire, script, serial, wire.content_type)
+            headers = _headers(wire, script, serial, wire.stream_content_type(script_request))
             steps = wire.stream(plan)
             return await _serve_steps(request, script.status, headers, steps, script.die_after)
         headers = _headers(wire, script, serial, "application/json")

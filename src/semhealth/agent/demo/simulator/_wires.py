@@ -11,6 +11,20 @@ from semhealth.agent.demo.simulator._anthropic import (
     anthropic_error,
     anthropic_stream,
 )
+from semhealth.agent.demo.simulator._bedrock import (
+    EVENTSTREAM_TYPE,
+    bedrock_error,
+    converse_body,
+    converse_stream,
+    invoke_stream,
+)
+from semhealth.agent.demo.simulator._cohere import cohere_body, cohere_error, cohere_stream
+from semhealth.agent.demo.simulator._google import (
+    gemini_body,
+    gemini_error,
+    gemini_stream,
+    gemini_stream_type,
+)
 from semhealth.agent.demo.simulator._local import (
     ollama_chat_body,
     ollama_chat_stream,
@@ -43,6 +57,11 @@ class Wire:
     content_type: str
     streaming: Literal["flag", "unless_false", "always", "never"]
     request_id_header: str | None = None
+    # The stream's Content-Type where the request chooses it (Gemini's alt=sse).
+    stream_type: Callable[[ScriptRequest], str] | None = None
+
+    def stream_content_type(self, request: ScriptRequest) -> str:
+        return self.stream_type(request) if self.stream_type else self.content_type
 
     def wants_stream(self, request: ScriptRequest) -> bool:
         flag = request.json.get("stream") if isinstance(request.json, dict) else None
@@ -92,6 +111,36 @@ WIRES = (
     ),
     Wire("/generate_stream", tgi_stream, tgi_body, tgi_error, _SSE, "always"),
     Wire("/generate", tgi_stream, tgi_body, tgi_error, _SSE, "never"),
+    Wire(
+        ":streamGenerateContent",
+        gemini_stream,
+        gemini_body,
+        gemini_error,
+        _SSE,
+        "always",
+        stream_type=gemini_stream_type,
+    ),
+    Wire(":generateContent", gemini_stream, gemini_body, gemini_error, _SSE, "never"),
+    Wire(
+        "/converse-stream",
+        converse_stream,
+        converse_body,
+        bedrock_error,
+        EVENTSTREAM_TYPE,
+        "always",
+        "x-amzn-RequestId",
+    ),
+    Wire("/converse", converse_stream, converse_body, bedrock_error, _SSE, "never"),
+    Wire(
+        "/invoke-with-response-stream",
+        invoke_stream,
+        anthropic_body,
+        bedrock_error,
+        EVENTSTREAM_TYPE,
+        "always",
+        "x-amzn-RequestId",
+    ),
+    Wire("/v2/chat", cohere_stream, cohere_body, cohere_error, _SSE, "flag"),
 )
 
 

@@ -1,0 +1,277 @@
+"""Google Gemini wire format: the Gemini API and Vertex AI (``generateContent``).
+
+Every frame is one ``GenerateContentResponse`` object: SSE ``data:`` events with
+``alt=sse``, the elements of a streamed JSON array without it (``json_array`` framing),
+or the one body of ``:generateContent``. An error is one ``{"error": {...}}`` object.
+
+Decisions:
+- Only candidate 0 feeds the content stream, as with OpenAI's choice 0.
+- Parts marked ``thought`` are reasoning: timed, never content.
+- ``executableCode`` and ``codeExecutionResult`` parts are run by Google, not by the
+  caller: they are not the caller's tool calls and are never validated.
+- A ``functionCall`` part is a tool call. Whole (``args``) it is one delta. Streamed
+  (Gemini 3's ``partialArgs``: a JSON path and one typed value each, ``willContinue``
+  until the last), the call's name comes first and its arguments are assembled here into
+  one object, emitted when the call ends, so validity judges what the caller will run.
+- Output tokens = ``candidatesTokenCount`` + ``thoughtsTokenCount``: every other provider
+  (and the GenAI convention's output tokens) counts reasoning as output; the thoughts are
+  also reported apart as reasoning tokens. Input = ``promptTokenCount`` (cached content
+  included) + ``toolUsePromptTokenCount``.
+- ``finishReason``: ``STOP`` -> ``stop``, ``MAX_TOKENS`` -> ``length``; the others
+  (``SAFETY``, ``RECITATION``, ``MALFORMED_FUNCTION_CALL``, ...) pass through lowercased.
+  A frame that carries a finish reason is the last: it is the stream's end marker.
+- An error's kind is its ``status`` (``RESOURCE_EXHAUSTED``, ...), else its code.
+- A prompt blocked before any candidate (``promptFeedback.blockReason``) finishes as
+  ``content_filter``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from semhealth.collectors.adapters.base import (
+    SHAPE,
+    FrameAdapter,
+    FrameError,
+    JsonObject,
+    add_counts,
+    as_object,
+    dump_json,
+    load_json,
+    objects,
+    opt_bool,
+    opt_int,
+    opt_list,
+    opt_object,
+    opt_str,
+    usage_report,
+)
+from semhealth.collectors.events import (
+    AdapterEvent,
+    ContentDelta,
+    Done,
+    Finish,
+    ReasoningDelta,
+    StreamError,
+    ToolCallDelta,
+)
+from semhealth.collectors.frames import Frame
+
+_FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
+_MAX_ERROR_TYPE = 64
+# One step of a partialArgs JSON path: ``.name``, ``['name']`` or ``[0]``.
+_PATH_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)|\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]")
+_TYPED_VALUES = ("stringValue", "numberValue", "boolValue", "nullValue", "structValue")
+
+
+class GeminiAdapter(FrameAdapter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._calls = 0  # function calls seen, in order: the tool index
+        self._open: _StreamedCall | None = None  # a call whose arguments are still streaming
+
+    def _parse(self, frame: Frame) -> list[AdapterEvent]:
+        value = load_json(frame.data)
+        # A whole streamed array framed as one body (``framing: json``): its elements in order.
+        items = value if isinstance(value, list) else [value]
+        out: list[AdapterEvent] = []
+        for item in items:
+            self._response(as_object(item), frame.t, out)
+        return out
+
+    def _response(self, obj: JsonObject, t: int, out: list[AdapterEvent]) -> None:
+        if "error" in obj:
+            out.append(StreamError(_error_kind(obj.get("error"))))
+            return
+        self._note_model(opt_str(obj, "modelVersion"), out)
+        finished = False
+        candidates = opt_list(obj, "candidates") or []
+        for position, candidate in enumerate(objects(candidates)):
+            index = opt_int(candidate, "index")
+            if (position if index is None else index) != 0:
+                continue
+            content = opt_object(candidate, "content") or {}
+            for part in objects(opt_list(content, "parts") or []):
+                self._part(part, t, out)
+            reason = opt_str(candidate, "finishReason")
+            if reason and reason != "FINISH_REASON_UNSPECIFIED":
+                out.append(Finish(_FINISH.get(reason, reason.lower())))
+                finished = True
+        feedback = opt_object(obj, "promptFeedback")
+        if feedback is not None and opt_str(feedback, "blockReason") and not candidates:
+            out.append(Finish("content_filter"))
+            finished = True
+        usage = opt_object(obj, "usageMetadata")
+        if usage is not None:
+            thoughts = opt_int(usage, "thoughtsTokenCount")
+            out += usage_report(
+                add_counts(
+                    opt_int(usage, "promptTokenCount"), opt_int(usage, "toolUsePromptTokenCount")
+                ),
+                add_counts(opt_int(usage, "candidatesTokenCount"), thoughts),
+                thoughts,
+            )
+        if finished:
+            out.extend(self._close_call(t))
+            out.append(Done())
+
+    def _part(self, part: JsonObject, t: int, out: list[AdapterEvent]) -> None:
+        call = opt_object(part, "functionCall")
+        if call is not None:
+            out.extend(self._function_call(call, t))
+            return
+        text = opt_str(part, "text")
+        if not text:
+            return
+        if opt_bool(part, "thought"):
+            out.append(ReasoningDelta(t))
+        else:
+            out.append(ContentDelta(text, t))
+
+    def _function_call(self, call: JsonObject, t: int) -> list[AdapterEvent]:
+        name = opt_str(call, "name")
+        partial = opt_list(call, "partialArgs")
+        continues = bool(opt_bool(call, "willContinue"))
+        out: list[AdapterEvent] = []
+        if self._open is not None and name is not None:
+            out += self._close_call(t)  # a new call's name ends the one before
+        if self._open is None and (partial is not None or continues):
+            self._open = _StreamedCall(self._calls, opt_str(call, "id"), name)
+            self._calls += 1
+            out.append(ToolCallDelta(index=self._open.index, t=t, id=self._open.id, name=name))
+        if self._open is not None:
+            for arg in objects(partial or []):
+                self._open.apply(arg)
+            if not continues:
+                out += self._close_call(t)
+            return out
+        # A whole call: name and arguments in one part.
+        args = call.get("args")
+        index = self._calls
+        self._calls += 1
+        out.append(
+            ToolCallDelta(
+                index=index,
+                t=t,
+                id=opt_str(call, "id"),
+                name=name,
+                arguments=dump_json(args if args is not None else {}),
+            )
+        )
+        return out
+
+    def _close_call(self, t: int) -> list[AdapterEvent]:
+        call, self._open = self._open, None
+        if call is None:
+            return []
+        return [ToolCallDelta(index=call.index, t=t, arguments=dump_json(call.args))]
+
+
+class _StreamedCall:
+    """One function call whose arguments arrive as ``partialArgs``."""
+
+    __slots__ = ("args", "continuing", "id", "index", "name")
+
+    def __init__(self, index: int, call_id: str | None, name: str | None) -> None:
+        self.index = index
+        self.id = call_id
+        self.name = name
+        self.args: dict[str, Any] = {}
+        self.continuing: str | None = None  # the path whose string value is still streaming
+
+    def apply(self, arg: JsonObject) -> None:
+        path = opt_str(arg, "jsonPath")
+        if path is None:
+            raise FrameError(SHAPE)
+        steps = _path_steps(path)
+        value = _typed_value(arg)
+        if isinstance(value, str) and self.continuing == path:
+            value = _get(self.args, steps) + value
+        _set(self.args, steps, value)
+        self.continuing = path if opt_bool(arg, "willContinue") else None
+
+
+def _typed_value(arg: JsonObject) -> Any:
+    for key in _TYPED_VALUES:
+        if key in arg:
+            return None if key == "nullValue" else arg[key]
+    return None
+
+
+def _path_steps(path: str) -> list[str | int]:
+    """``$.a.b[0]['c']`` -> ``["a", "b", 0, "c"]``; anything else is a malformed frame."""
+    if not path.startswith("$"):
+        raise FrameError(SHAPE)
+    steps: list[str | int] = []
+    at = 1
+    while at < len(path):
+        match = _PATH_STEP.match(path, at)
+        if match is None:
+            raise FrameError(SHAPE)
+        name, quoted, index = match.groups()
+        if index is not None:
+            steps.append(int(index))
+        else:
+            steps.append(name if name is not None else re.sub(r"\\(.)", r"\1", quoted))
+        at = match.end()
+    if not steps:
+        raise FrameError(SHAPE)  # the arguments object itself is never a partial value
+    return steps
+
+
+def _set(root: dict[str, Any], steps: list[str | int], value: Any) -> None:
+    node: Any = root
+    for step, after in zip(steps, [*steps[1:], None], strict=True):
+        if after is None:
+            _put(node, step, value)
+            return
+        child = _child(node, step)
+        if child is None:
+            child = [] if isinstance(after, int) else {}
+            _put(node, step, child)
+        node = child
+
+
+def _get(root: dict[str, Any], steps: list[str | int]) -> str:
+    node: Any = root
+    for step in steps:
+        node = _child(node, step)
+    return node if isinstance(node, str) else ""
+
+
+def _child(node: Any, step: str | int) -> Any:
+    if isinstance(step, int):
+        if not isinstance(node, list):
+            raise FrameError(SHAPE)
+        return node[step] if step < len(node) else None
+    if not isinstance(node, dict):
+        raise FrameError(SHAPE)
+    return node.get(step)
+
+
+def _put(node: Any, step: str | int, value: Any) -> None:
+    if isinstance(step, int):
+        if not isinstance(node, list) or step > len(node):
+            raise FrameError(SHAPE)  # arrays fill in order
+        if step == len(node):
+            node.append(value)
+        else:
+            node[step] = value
+    elif isinstance(node, dict):
+        node[step] = value
+    else:
+        raise FrameError(SHAPE)
+
+
+def _error_kind(error: object) -> str:
+    """Google's canonical status (``RESOURCE_EXHAUSTED``), else the HTTP code; never the
+    message."""
+    if isinstance(error, dict):
+        status = error.get("status")
+        if isinstance(status, str) and status:
+            return status[:_MAX_ERROR_TYPE]
+        code = error.get("code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return str(code)
+    return "error"

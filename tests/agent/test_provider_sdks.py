@@ -1,0 +1,408 @@
+"""The providers' own SDKs through the sidecar: ``google-genai`` (Gemini), ``boto3``'s
+``bedrock-runtime`` (ConverseStream and InvokeModelWithResponseStream in AWS event-stream
+frames), ``cohere`` (v2 chat) and ``openai.AsyncAzureOpenAI``, against the scripted upstream
+speaking each wire format. Each SDK sees exactly what it sees going direct (botocore's own
+event-stream parser reading what the relay forwarded proves the frames arrive intact), and
+each record is the one the script implies: a known provider, its usage, its tool calls with
+one verdict each, and its time to first token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import boto3
+import cohere
+import openai
+import pytest
+from botocore.config import Config as BotoConfig
+from google import genai
+from google.genai import types as genai_types
+
+from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, ToolScript
+from semhealth.collectors.eventstream import event_message, exception_message
+from semhealth.collectors.record import StreamRecord
+from tests.agent.conftest import running_stack
+
+PIECES = ("The", " capital", " of", " France", " is", " Paris", ".")
+QUESTION = "What is the capital of France?"
+SYSTEM = "You answer geography questions."
+GAP_S = 0.03
+TTFT_S = 0.05
+WEATHER_ARGS = ('{"city"', ': "Par', 'is"}')
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+
+
+def _answer(_request: ScriptRequest) -> Script:
+    return Script(pieces=PIECES, ttft_s=TTFT_S, gaps_s=GAP_S, input_tokens=12, output_tokens=7)
+
+
+def _weather(_request: ScriptRequest) -> Script:
+    return Script(
+        tool_call=ToolScript(name="get_weather", pieces=WEATHER_ARGS),
+        ttft_s=TTFT_S,
+        gaps_s=GAP_S,
+        input_tokens=30,
+        output_tokens=9,
+    )
+
+
+_PER_RESPONSE = frozenset({"id", "response_id", "sdk_http_response"})
+
+
+def _scrub(value: Any, keys: frozenset[str] = _PER_RESPONSE) -> Any:
+    """The SDK's objects minus what the server makes up per response (ids, the HTTP head
+    with its Date)."""
+    if isinstance(value, dict):
+        return {k: _scrub(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [_scrub(v, keys) for v in value]
+    return value
+
+
+def _assert_timed(record: StreamRecord) -> None:
+    """TTFT from the script (the first delta at TTFT_S after the head), deltas streamed."""
+    assert record.ttft_s is not None
+    assert TTFT_S <= record.ttft_s < TTFT_S + 0.5
+    assert record.streamed
+    assert record.continuity is not None
+
+
+# --------------------------------------------------------------------------- Gemini
+
+
+async def _gemini_stream(base_url: str, **config: Any) -> list[dict[str, Any]]:
+    client = genai.Client(
+        api_key="test-key", http_options=genai_types.HttpOptions(base_url=base_url)
+    )
+    stream = await client.aio.models.generate_content_stream(
+        model="gemini-test",
+        contents=QUESTION,
+        config=genai_types.GenerateContentConfig(system_instruction=SYSTEM, **config),
+    )
+    chunks = [_scrub(chunk.model_dump(mode="json")) async for chunk in stream]
+    await client.aio.aclose()
+    return chunks
+
+
+async def test_gemini_sse_stream_through_the_sidecar_equals_direct() -> None:
+    async with running_stack(_answer) as stack:
+        direct = await _gemini_stream(stack.upstream.url)
+        proxied = await _gemini_stream(stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+    assert proxied == direct
+    assert "".join(c["candidates"][0]["content"]["parts"][0]["text"] for c in proxied) == "".join(
+        PIECES
+    )
+    assert stack.upstream.received[-1].query == "alt=sse"
+    assert record.provider == "gemini"
+    assert record.route == "generate_content"
+    assert record.output_text == "".join(PIECES)
+    assert (record.usage.input_tokens, record.usage.output_tokens) == (12, 7)
+    assert record.finish_reason == "stop" and record.done
+    assert record.request.query == QUESTION
+    assert record.request.context == (SYSTEM,)
+    assert record.model == "gemini-test"
+    _assert_timed(record)
+    assert len(record.delta_ns) == len(PIECES)
+
+
+async def test_gemini_function_call_is_checked_against_its_declaration() -> None:
+    tool = genai_types.Tool(
+        function_declarations=[
+            genai_types.FunctionDeclaration(
+                name="get_weather", parameters_json_schema=WEATHER_SCHEMA
+            )
+        ]
+    )
+    async with running_stack(_weather) as stack:
+        chunks = await _gemini_stream(stack.agent.proxy_url, tools=[tool])
+        (record,) = await stack.wait_records(1)
+    call = chunks[-1]["candidates"][0]["content"]["parts"][0]["function_call"]
+    assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"}
+    assert [(c.name, json.loads(c.arguments)) for c in record.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert [(v.target, v.result) for v in record.validity] == [("tool:get_weather", "valid")]
+
+
+async def test_gemini_json_array_stream_is_forwarded_whole_and_framed_per_element() -> None:
+    path = "/v1beta/models/gemini-test:streamGenerateContent"
+    body = {"contents": [{"role": "user", "parts": [{"text": QUESTION}]}]}
+    async with running_stack(_answer) as stack, aiohttp.ClientSession() as client:
+        bodies = []
+        for base in (stack.upstream.url, stack.agent.proxy_url):
+            async with client.post(base + path, json=body) as response:
+                assert response.headers["Content-Type"].startswith("application/json")
+                bodies.append(await response.read())
+        (record,) = await stack.wait_records(1)
+    assert _scrub(json.loads(bodies[0]), frozenset({"responseId"})) == _scrub(
+        json.loads(bodies[1]), frozenset({"responseId"})
+    )
+    assert bodies[1].startswith(b"[{") and b"\n,\r\n" in bodies[1] and bodies[1].endswith(b"]")
+    assert len(json.loads(bodies[1])) == len(PIECES)
+    assert record.provider == "gemini"
+    assert record.output_text == "".join(PIECES)
+    assert record.usage.output_tokens == 7
+    assert record.decode_errors == () and record.malformed_frames == 0
+    _assert_timed(record)
+    assert len(record.delta_ns) == len(PIECES)  # each element when it arrived, not at the end
+
+
+async def test_vertex_ai_paths_are_gemini_under_the_vertex_provider_name() -> None:
+    path = (
+        "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-test"
+        ":streamGenerateContent?alt=sse"
+    )
+    body = {"contents": [{"role": "user", "parts": [{"text": QUESTION}]}]}
+    async with running_stack(_answer) as stack, aiohttp.ClientSession() as client:
+        async with client.post(stack.agent.proxy_url + path, json=body) as response:
+            await response.read()
+        (record,) = await stack.wait_records(1)
+        metrics = stack.agent.telemetry.render_prometheus().decode()
+    assert record.provider == "vertex_ai" and record.output_text == "".join(PIECES)
+    assert 'gen_ai_provider_name="gcp.vertex_ai"' in metrics
+
+
+async def test_a_gemini_error_body_is_counted_with_its_kind() -> None:
+    def exhausted(_request: ScriptRequest) -> Script:
+        return Script(status=429)
+
+    async with running_stack(exhausted) as stack:
+        with pytest.raises(genai.errors.ClientError) as caught:
+            await _gemini_stream(stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+    assert caught.value.code == 429 and caught.value.status == "RESOURCE_EXHAUSTED"
+    assert record.provider == "gemini" and record.status == 429
+    assert record.error_type == "429"
+
+
+# --------------------------------------------------------------------------- Bedrock
+
+
+def _bedrock(base_url: str) -> Any:
+    return boto3.client(
+        "bedrock-runtime",
+        endpoint_url=base_url,
+        region_name="us-east-1",
+        aws_access_key_id="AKIDTEST",
+        aws_secret_access_key="secret",
+        config=BotoConfig(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+
+
+def _converse_events(base_url: str, **request: Any) -> list[dict[str, Any]]:
+    response = _bedrock(base_url).converse_stream(
+        modelId="anthropic.claude-test-v1:0",
+        system=[{"text": SYSTEM}],
+        messages=[{"role": "user", "content": [{"text": QUESTION}]}],
+        **request,
+    )
+    return list(response["stream"])
+
+
+async def _both(call: Callable[[str], Any], stack: Any) -> tuple[Any, Any]:
+    direct = await asyncio.to_thread(call, stack.upstream.url)
+    proxied = await asyncio.to_thread(call, stack.agent.proxy_url)
+    return direct, proxied
+
+
+async def test_bedrock_converse_stream_through_the_sidecar_equals_direct() -> None:
+    async with running_stack(_answer) as stack:
+        direct, proxied = await _both(_converse_events, stack)
+        (record,) = await stack.wait_records(1)
+    assert proxied == direct
+    text = "".join(
+        e["contentBlockDelta"]["delta"]["text"] for e in proxied if "contentBlockDelta" in e
+    )
+    assert text == "".join(PIECES)
+    assert record.provider == "bedrock_converse" and record.route == "converse"
+    assert record.model == "anthropic.claude-test-v1:0"  # from the path, percent-decoded
+    assert record.output_text == "".join(PIECES)
+    assert (record.usage.input_tokens, record.usage.output_tokens) == (12, 7)
+    assert record.finish_reason == "stop" and record.done
+    assert record.request.query == QUESTION and record.request.context == (SYSTEM,)
+    assert record.decode_errors == ()
+    _assert_timed(record)
+    assert len(record.delta_ns) == len(PIECES)
+
+
+async def test_bedrock_tool_use_input_is_checked_against_its_input_schema() -> None:
+    tools = {
+        "tools": [
+            {
+                "toolSpec": {
+                    "name": "get_weather",
+                    "inputSchema": {"json": WEATHER_SCHEMA},
+                }
+            }
+        ]
+    }
+
+    def call(base_url: str) -> list[dict[str, Any]]:
+        return _converse_events(base_url, toolConfig=tools)
+
+    async with running_stack(_weather) as stack:
+        proxied = await asyncio.to_thread(call, stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+    assert proxied[-2]["messageStop"]["stopReason"] == "tool_use"
+    assert [(c.name, c.arguments) for c in record.tool_calls] == [
+        ("get_weather", "".join(WEATHER_ARGS))
+    ]
+    assert [(v.target, v.result) for v in record.validity] == [("tool:get_weather", "valid")]
+    assert record.finish_reason == "tool_calls"
+
+
+async def test_bedrock_invoke_stream_of_a_claude_model_reads_its_anthropic_events() -> None:
+    body = json.dumps(
+        {
+            "anthropic_version": "bedrock-2023-05-31",
+            "max_tokens": 100,
+            "system": SYSTEM,
+            "messages": [{"role": "user", "content": QUESTION}],
+        }
+    )
+
+    def call(base_url: str) -> list[dict[str, Any]]:
+        response = _bedrock(base_url).invoke_model_with_response_stream(
+            modelId="anthropic.claude-test-v1:0", body=body
+        )
+        return [json.loads(e["chunk"]["bytes"]) for e in response["body"]]
+
+    async with running_stack(_answer) as stack:
+        direct, proxied = await _both(call, stack)
+        (record,) = await stack.wait_records(1)
+    assert _scrub(proxied) == _scrub(direct)
+    assert proxied[0]["type"] == "message_start"
+    assert record.provider == "bedrock_invoke" and record.route == "invoke_model"
+    assert record.output_text == "".join(PIECES)
+    assert (record.usage.input_tokens, record.usage.output_tokens) == (12, 7)
+    assert record.request.query == QUESTION
+    _assert_timed(record)
+
+
+async def test_a_bedrock_exception_event_ends_the_record_with_its_kind() -> None:
+    frames = (
+        event_message("messageStart", b'{"role":"assistant"}'),
+        event_message("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"text":"Par"}}'),
+        exception_message("throttlingException", b'{"message":"slow down"}'),
+    )
+
+    def throttled(_request: ScriptRequest) -> RawScript:
+        return RawScript(chunks=frames, content_type="application/vnd.amazon.eventstream")
+
+    async with running_stack(throttled) as stack:
+        with pytest.raises(Exception) as caught:
+            await asyncio.to_thread(_converse_events, stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+    assert "throttlingException" in str(caught.value)  # botocore read the frame we forwarded
+    assert record.provider == "bedrock_converse"
+    assert record.error_type == "throttlingException"
+    assert record.output_text == "Par"
+
+
+async def test_a_corrupted_bedrock_frame_is_counted_and_forwarded_unchanged() -> None:
+    good = event_message("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"text":"Hi"}}')
+    bad = bytearray(good)
+    bad[-6] ^= 0xFF  # inside the payload: the message CRC no longer matches
+    frames = (good, bytes(bad), event_message("messageStop", b'{"stopReason":"end_turn"}'))
+
+    def corrupted(_request: ScriptRequest) -> RawScript:
+        return RawScript(chunks=frames, content_type="application/vnd.amazon.eventstream")
+
+    path = "/model/m/converse-stream"
+    async with running_stack(corrupted) as stack, aiohttp.ClientSession() as client:
+        async with client.post(stack.agent.proxy_url + path, json={}) as response:
+            received = await response.read()
+        (record,) = await stack.wait_records(1)
+    assert received == b"".join(frames)
+    assert record.decode_errors == ("bad_message_crc",)
+    assert record.output_text == "Hi" and record.finish_reason == "stop"
+
+
+# --------------------------------------------------------------------------- Cohere
+
+
+async def _cohere_stream(base_url: str, **request: Any) -> list[dict[str, Any]]:
+    client = cohere.AsyncClientV2(api_key="test-key", base_url=base_url)
+    events = [
+        _scrub(event.dict())
+        async for event in client.chat_stream(
+            model="command-test",
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": QUESTION},
+            ],
+            **request,
+        )
+    ]
+    return events
+
+
+async def test_cohere_chat_stream_through_the_sidecar_equals_direct() -> None:
+    async with running_stack(_answer) as stack:
+        direct = await _cohere_stream(stack.upstream.url)
+        proxied = await _cohere_stream(stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+    assert proxied == direct
+    assert [e["type"] for e in proxied][-1] == "message-end"
+    assert record.provider == "cohere_chat" and record.route == "chat"
+    assert record.output_text == "".join(PIECES)
+    assert (record.usage.input_tokens, record.usage.output_tokens) == (12, 7)
+    assert record.finish_reason == "stop" and record.done
+    assert record.request.query == QUESTION and record.request.context == (SYSTEM,)
+    _assert_timed(record)
+    assert len(record.delta_ns) == len(PIECES)
+
+
+async def test_cohere_tool_call_arguments_are_checked_against_the_tool() -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA},
+    }
+    async with running_stack(_weather) as stack:
+        await _cohere_stream(stack.agent.proxy_url, tools=[tool])
+        (record,) = await stack.wait_records(1)
+    assert [(c.name, c.arguments) for c in record.tool_calls] == [
+        ("get_weather", "".join(WEATHER_ARGS))
+    ]
+    assert [(v.target, v.result) for v in record.validity] == [("tool:get_weather", "valid")]
+    assert record.finish_reason == "tool_calls"
+
+
+# --------------------------------------------------------------------------- Azure OpenAI
+
+
+async def _azure_stream(base_url: str) -> list[dict[str, Any]]:
+    client = openai.AsyncAzureOpenAI(
+        azure_endpoint=base_url, api_key="test-key", api_version="2024-10-21", max_retries=0
+    )
+    stream = await client.chat.completions.create(
+        model="my-deployment",
+        messages=[{"role": "user", "content": QUESTION}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [_scrub(chunk.model_dump(), frozenset({"id", "created"})) async for chunk in stream]
+    await client.close()
+    return chunks
+
+
+async def test_azure_openai_deployment_paths_are_understood() -> None:
+    async with running_stack(_answer) as stack:
+        direct = await _azure_stream(stack.upstream.url)
+        proxied = await _azure_stream(stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+    assert proxied == direct
+    assert stack.upstream.received[-1].path == "/openai/deployments/my-deployment/chat/completions"
+    assert record.provider == "openai_chat" and record.route == "chat_completions"
+    assert record.output_text == "".join(PIECES)
+    assert (record.usage.input_tokens, record.usage.output_tokens) == (12, 7)
+    _assert_timed(record)

@@ -568,9 +568,9 @@ def _bedrock_invoke(doc: dict[str, Any]) -> tuple[_Conversation, tuple[Structure
 
 def _cohere(doc: dict[str, Any]) -> _Conversation:
     found = _openai_chat(doc)
-    documents = [_cohere_document(d) for d in _list_or_empty(doc.get("documents"))]
     if not found.usable:
         return found
+    documents = (_cohere_document(d) for d in _list_or_empty(doc.get("documents")))
     context = tuple(text for text in documents if text is not None and _has_text(text))
     return _Conversation(query=found.query, context=found.context + context, usable=True)
 

@@ -26,6 +26,7 @@ from semhealth.collectors.adapters.base import (
     FrameAdapter,
     FrameError,
     JsonObject,
+    add_counts,
     dump_json,
     error_type,
     load_object,
@@ -65,14 +66,18 @@ class AnthropicMessagesAdapter(FrameAdapter):
         self._tools = 0
 
     def _parse(self, frame: Frame) -> list[AdapterEvent]:
-        obj = load_object(frame.data)
-        kind = opt_str(obj, "type") or frame.event
+        return self.event(load_object(frame.data), frame.event, frame.t)
+
+    def event(self, obj: JsonObject, name: str, t: int) -> list[AdapterEvent]:
+        """One parsed event (``name``: its SSE event name, if any). Bedrock's invoke stream
+        hands over events it has already parsed; raises ``FrameError`` like ``_parse``."""
+        kind = opt_str(obj, "type") or name
         if not kind:
             raise FrameError(SHAPE)  # every event names its type
         if kind == "content_block_delta":
-            return self._block_delta(obj, frame.t)
+            return self._block_delta(obj, t)
         if kind == "content_block_start":
-            return self._block_start(obj, frame.t)
+            return self._block_start(obj, t)
         if kind == "message_start":
             return self._message_start(obj)
         if kind == "message_delta":
@@ -82,7 +87,7 @@ class AnthropicMessagesAdapter(FrameAdapter):
         if kind == "error":
             return [StreamError(error_type(obj.get("error")))]
         if kind == "message":
-            return self._body(obj, frame.t)
+            return self._body(obj, t)
         return []  # ping, content_block_stop, and whatever Anthropic adds next
 
     def _message_start(self, obj: JsonObject) -> list[AdapterEvent]:
@@ -171,10 +176,8 @@ def _usage(holder: JsonObject) -> list[AdapterEvent]:
     usage = opt_object(holder, "usage")
     if usage is None:
         return []
-    counts = [opt_int(usage, key) for key in _INPUT_FIELDS]
-    known = [c for c in counts if c is not None]
     # message_delta usually reports output only; absent input fields must not reset input.
-    input_tokens = sum(known) if known else None
+    input_tokens = add_counts(*(opt_int(usage, key) for key in _INPUT_FIELDS))
     return usage_report(input_tokens, opt_int(usage, "output_tokens"))
 
 

@@ -160,14 +160,17 @@ def add_counts(*counts: int | None) -> int | None:
     return sum(known) if known else None
 
 
-def error_type(error: object, default: str = "error") -> str:
-    """The machine-readable class of an error object: its ``type``, else its ``code``.
+def error_type(
+    error: object, default: str = "error", keys: tuple[str, ...] = ("type", "code")
+) -> str:
+    """The machine-readable class of an error object: its ``type``, else its ``code``
+    (another provider may name other ``keys``: Google's ``status``).
 
     The message is never read. A bare string error (Ollama, TGI, some proxies)
     is a message, so it yields ``default``.
     """
     if isinstance(error, dict):
-        for key in ("type", "code"):
+        for key in keys:
             value = error.get(key)
             if isinstance(value, str) and value:
                 return value[:_MAX_ERROR_TYPE]

@@ -37,6 +37,7 @@ from semhealth.collectors.adapters.base import (
     JsonObject,
     add_counts,
     dump_json,
+    error_type,
     load_object,
     objects,
     opt_int,
@@ -78,14 +79,13 @@ _CONVERSE_EVENTS = frozenset(
 )
 _EXCEPTION = "exception:"
 _ERROR = "error:"
-_MAX_ERROR_TYPE = 64
 
 
 def frame_error(event: str) -> StreamError | None:
     """The error an event-stream exception or error message reports, by its type."""
     for prefix in (_EXCEPTION, _ERROR):
         if event.startswith(prefix):
-            return StreamError(event[len(prefix) :][:_MAX_ERROR_TYPE] or "error")
+            return StreamError(error_type({"type": event.removeprefix(prefix)}))
     return None
 
 
@@ -232,7 +232,7 @@ class BedrockInvokeAdapter(FrameAdapter):
         if "type" in obj:  # Anthropic Messages, streamed or whole
             if self._anthropic is None:
                 self._anthropic = AnthropicMessagesAdapter()
-            out += self._anthropic.feed(Frame(data=dump_json(obj), t=frame.t))
+            out += self._anthropic.event(obj, "", frame.t)
             return
         if "output" in obj and "stopReason" in obj:  # Nova's whole body is Converse's
             out += converse_body(obj, frame.t)
@@ -285,20 +285,17 @@ def _titan(obj: JsonObject, t: int) -> list[AdapterEvent]:
 
 
 def _mistral(obj: JsonObject, t: int) -> list[AdapterEvent]:
+    output = next(objects(opt_list(obj, "outputs") or []), None)  # output 0, like choice 0
+    if output is None:
+        return []
     out: list[AdapterEvent] = []
-    for output in _first(obj):
-        text = opt_str(output, "text")
-        if text:
-            out.append(ContentDelta(text, t))
-        reason = opt_str(output, "stop_reason")
-        if reason:
-            out += [*_finish(reason), Done()]
+    text = opt_str(output, "text")
+    if text:
+        out.append(ContentDelta(text, t))
+    reason = opt_str(output, "stop_reason")
+    if reason:
+        out += [*_finish(reason), Done()]
     return out
-
-
-def _first(obj: JsonObject) -> list[JsonObject]:
-    outputs = list(objects(opt_list(obj, "outputs") or []))
-    return outputs[:1]
 
 
 def _chunk_bytes(obj: JsonObject) -> bytes:

@@ -38,6 +38,7 @@ from semhealth.collectors.adapters.base import (
     add_counts,
     as_object,
     dump_json,
+    error_type,
     load_json,
     objects,
     opt_bool,
@@ -59,7 +60,6 @@ from semhealth.collectors.events import (
 from semhealth.collectors.frames import Frame
 
 _FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
-_MAX_ERROR_TYPE = 64
 # One step of a partialArgs JSON path: ``.name``, ``['name']`` or ``[0]``.
 _PATH_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)|\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]")
 _TYPED_VALUES = ("stringValue", "numberValue", "boolValue", "nullValue", "structValue")
@@ -82,7 +82,8 @@ class GeminiAdapter(FrameAdapter):
 
     def _response(self, obj: JsonObject, t: int, out: list[AdapterEvent]) -> None:
         if "error" in obj:
-            out.append(StreamError(_error_kind(obj.get("error"))))
+            # Google's canonical status (RESOURCE_EXHAUSTED), else the HTTP code.
+            out.append(StreamError(error_type(obj.get("error"), keys=("status", "code"))))
             return
         self._note_model(opt_str(obj, "modelVersion"), out)
         finished = False
@@ -137,9 +138,11 @@ class GeminiAdapter(FrameAdapter):
         if self._open is not None and name is not None:
             out += self._close_call(t)  # a new call's name ends the one before
         if self._open is None and (partial is not None or continues):
-            self._open = _StreamedCall(self._calls, opt_str(call, "id"), name)
+            self._open = _StreamedCall(self._calls)
             self._calls += 1
-            out.append(ToolCallDelta(index=self._open.index, t=t, id=self._open.id, name=name))
+            out.append(
+                ToolCallDelta(index=self._open.index, t=t, id=opt_str(call, "id"), name=name)
+            )
         if self._open is not None:
             for arg in objects(partial or []):
                 self._open.apply(arg)
@@ -171,12 +174,10 @@ class GeminiAdapter(FrameAdapter):
 class _StreamedCall:
     """One function call whose arguments arrive as ``partialArgs``."""
 
-    __slots__ = ("args", "continuing", "id", "index", "name")
+    __slots__ = ("args", "continuing", "index")
 
-    def __init__(self, index: int, call_id: str | None, name: str | None) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.id = call_id
-        self.name = name
         self.args: dict[str, Any] = {}
         self.continuing: str | None = None  # the path whose string value is still streaming
 
@@ -262,16 +263,3 @@ def _put(node: Any, step: str | int, value: Any) -> None:
         node[step] = value
     else:
         raise FrameError(SHAPE)
-
-
-def _error_kind(error: object) -> str:
-    """Google's canonical status (``RESOURCE_EXHAUSTED``), else the HTTP code; never the
-    message."""
-    if isinstance(error, dict):
-        status = error.get("status")
-        if isinstance(status, str) and status:
-            return status[:_MAX_ERROR_TYPE]
-        code = error.get("code")
-        if isinstance(code, int) and not isinstance(code, bool):
-            return str(code)
-    return "error"

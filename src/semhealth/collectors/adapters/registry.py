@@ -80,13 +80,11 @@ def wire_format(gen_ai_name: str, operation: str | None) -> str:
     the name itself when it is none of ours. Azure OpenAI speaks OpenAI's."""
     if gen_ai_name == "azure.ai.openai":
         gen_ai_name = "openai"
-    for provider, name in GEN_AI_PROVIDERS.items():
-        if name == gen_ai_name and OPERATIONS.get(provider, "chat") == (operation or "chat"):
-            return provider
-    for provider, name in GEN_AI_PROVIDERS.items():
-        if name == gen_ai_name:
-            return provider
-    return gen_ai_name
+    speaking = [provider for provider, name in GEN_AI_PROVIDERS.items() if name == gen_ai_name]
+    if not speaking:
+        return gen_ai_name
+    wanted = operation or "chat"
+    return next((p for p in speaking if operation_name(p) == wanted), speaking[0])
 
 
 # Longest suffix first where one ends another (``/chat/completions`` before ``/completions``,

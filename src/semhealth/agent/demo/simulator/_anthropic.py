@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from semhealth.agent.demo.simulator._plan import Plan, Step, error_message, sse
+from semhealth.agent.demo.simulator._plan import (
+    Plan,
+    Step,
+    error_message,
+    json_object_or_empty,
+    sse,
+)
 
 _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -96,16 +100,6 @@ def anthropic_body(plan: Plan) -> dict[str, Any]:
             }
         )
     return _anthropic_message(plan, content, done=True)
-
-
-def json_object_or_empty(text: str) -> dict[str, Any]:
-    # A non-streamed tool_use carries parsed input; arguments scripted as broken JSON have
-    # no parsed form, and the real API only ever returns an object there.
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def anthropic_error(status: int, etype: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from semhealth.agent.demo.simulator._anthropic import anthropic_stream, json_object_or_empty
-from semhealth.agent.demo.simulator._plan import Plan, Step, error_message
+from semhealth.agent.demo.simulator._anthropic import anthropic_stream
+from semhealth.agent.demo.simulator._plan import Plan, Step, error_message, json_object_or_empty
 from semhealth.collectors import event_message
 
 EVENTSTREAM_TYPE = "application/vnd.amazon.eventstream"

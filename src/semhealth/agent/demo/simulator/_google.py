@@ -11,8 +11,7 @@ from typing import Any
 
 import orjson
 
-from semhealth.agent.demo.simulator._anthropic import json_object_or_empty
-from semhealth.agent.demo.simulator._plan import Plan, Step, error_message
+from semhealth.agent.demo.simulator._plan import Plan, Step, error_message, json_object_or_empty
 from semhealth.agent.demo.simulator._script import ScriptRequest
 
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}

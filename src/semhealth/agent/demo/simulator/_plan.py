@@ -113,3 +113,13 @@ def default_error_type(status: int) -> str:
         529: "overloaded_error",
     }
     return known.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def json_object_or_empty(text: str) -> dict[str, Any]:
+    # A non-streamed tool_use carries parsed input; arguments scripted as broken JSON have
+    # no parsed form, and the real API only ever returns an object there.
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}

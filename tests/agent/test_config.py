@@ -91,7 +91,9 @@ BAD_FILES = {
     "bad_enum.yaml": [
         "{file}:6:5: routes[0].provider: unknown provider 'openai' (fix: did you mean"
         " 'openai_chat'? (one of: auto, openai_chat, openai_completions, openai_responses,"
-        " anthropic_messages, ollama, tgi, gemini, vertex_ai, bedrock_converse, bedrock_invoke, cohere_chat))",
+        " azure_openai_chat, azure_openai_completions, azure_openai_responses, anthropic_messages,"
+        " vertex_ai_anthropic, ollama, tgi, gemini, vertex_ai, bedrock_converse, bedrock_invoke,"
+        " cohere_chat))",
     ],
     "bad_url_scheme.yaml": [
         "{file}:2:3: upstream.url: scheme 'ftp' is not supported"

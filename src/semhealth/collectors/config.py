@@ -14,7 +14,11 @@ PROVIDERS = (
     "openai_chat",
     "openai_completions",
     "openai_responses",
+    "azure_openai_chat",
+    "azure_openai_completions",
+    "azure_openai_responses",
     "anthropic_messages",
+    "vertex_ai_anthropic",
     "ollama",
     "tgi",
     "gemini",
@@ -78,19 +82,21 @@ class Analysis:
 def default_routes() -> tuple[Route, ...]:
     """Routes for the paths the well-known providers use; anything else is route ``other``."""
     return (
-        Route(name="chat_completions", match="*/chat/completions", provider="openai_chat"),
-        Route(name="completions", match="*/completions", provider="openai_completions"),
-        Route(name="responses", match="*/responses", provider="openai_responses"),
-        Route(name="messages", match="*/messages", provider="anthropic_messages"),
+        # OpenAI's formats, served by OpenAI or by Azure OpenAI (provider auto: the path tells).
+        Route(name="chat_completions", match="*/chat/completions"),
+        Route(name="completions", match="*/completions"),
+        Route(name="responses", match="*/responses"),
+        # Anthropic's Messages API, served by Anthropic, or by Vertex AI at its own methods.
+        Route(name="messages", match="*/messages"),
         Route(name="ollama_chat", match="*/api/chat", provider="ollama"),
         Route(name="ollama_generate", match="*/api/generate", provider="ollama"),
         Route(name="tgi_generate", match="*/generate_stream", provider="tgi"),
         Route(name="tgi_generate", match="*/generate", provider="tgi"),
-        # Gemini API and Vertex AI (provider auto: the path tells which), Claude on Vertex AI.
+        # Gemini API and Vertex AI (provider auto: the path tells which).
         Route(name="generate_content", match="*:streamGenerateContent"),
         Route(name="generate_content", match="*:generateContent"),
-        Route(name="messages", match="*:streamRawPredict", provider="anthropic_messages"),
-        Route(name="messages", match="*:rawPredict", provider="anthropic_messages"),
+        Route(name="messages", match="*:streamRawPredict"),
+        Route(name="messages", match="*:rawPredict"),
         Route(name="converse", match="*/model/*/converse-stream", provider="bedrock_converse"),
         Route(name="converse", match="*/model/*/converse", provider="bedrock_converse"),
         Route(

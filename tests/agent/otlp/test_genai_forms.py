@@ -516,7 +516,8 @@ def test_provider_names() -> None:
     # A span's provider is named by the wire format the proxy would read it in.
     assert provider({"gen_ai.provider.name": "aws.bedrock"}) == "bedrock_converse"
     assert provider({"gen_ai.provider.name": "gcp.gemini"}) == "gemini"
-    assert provider({"gen_ai.provider.name": "azure.ai.openai"}) == "openai_chat"
+    assert provider({"gen_ai.provider.name": "azure.ai.openai"}) == "azure_openai_chat"
+    assert provider({"gen_ai.provider.name": "gcp.vertex_ai"}) == "vertex_ai"
     assert provider({"gen_ai.provider.name": "ibm.watsonx.ai"}) == "ibm.watsonx.ai"
     assert provider({}) == "unknown"
     (completion,), _ = records_of(

@@ -12,8 +12,10 @@ from semhealth.collectors.adapters.registry import (
     ADAPTER_NAMES,
     SniffingAdapter,
     detect_provider,
+    gen_ai_provider,
     make_adapter,
     sniff_provider,
+    wire_format,
 )
 from semhealth.collectors.adapters.tgi import TGIAdapter
 from semhealth.collectors.config import PROVIDERS
@@ -55,7 +57,12 @@ def test_make_adapter_rejects_auto_and_unknown_names() -> None:
     ("path", "provider"),
     [
         ("/v1/chat/completions", "openai_chat"),
-        ("/openai/deployments/gpt4/chat/completions?api-version=2024-10-21", "openai_chat"),
+        ("/openai/deployments/gpt4/chat/completions?api-version=2024-10-21", "azure_openai_chat"),
+        (
+            "/openai/deployments/gpt35/completions?api-version=2024-10-21",
+            "azure_openai_completions",
+        ),
+        ("/openai/responses?api-version=2025-04-01-preview", "azure_openai_responses"),
         ("/v1/completions", "openai_completions"),
         ("/v1/responses", "openai_responses"),
         ("/v1/responses/", "openai_responses"),
@@ -74,14 +81,15 @@ def test_make_adapter_rejects_auto_and_unknown_names() -> None:
         (
             "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4"
             ":streamRawPredict",
-            "anthropic_messages",
+            "vertex_ai_anthropic",
         ),
         ("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse-stream", "bedrock_converse"),
         ("/model/amazon.nova-lite-v1%3A0/converse", "bedrock_converse"),
         ("/model/anthropic.claude-v2/invoke-with-response-stream", "bedrock_invoke"),
         ("/model/meta.llama3-8b-instruct-v1%3A0/invoke", "bedrock_invoke"),
         ("/v2/chat", "cohere_chat"),
-        ("/openai/deployments/d/responses?api-version=preview", "openai_responses"),
+        ("/openai/deployments/d/responses?api-version=preview", "azure_openai_responses"),
+        # Groq's base URL ends /openai/v1 too: without a deployment or an api-version, OpenAI's.
         ("/openai/v1/chat/completions", "openai_chat"),
         ("/v1/embeddings", "unknown"),
         ("/", "unknown"),
@@ -89,6 +97,27 @@ def test_make_adapter_rejects_auto_and_unknown_names() -> None:
 )
 def test_detect_provider_by_path_suffix(path: str, provider: str) -> None:
     assert detect_provider(path, None) == provider
+
+
+def test_every_provider_a_path_implies_reads_the_gen_ai_name_of_its_platform() -> None:
+    names = {
+        p: gen_ai_provider(p)
+        for p in ("azure_openai_chat", "azure_openai_responses", "vertex_ai_anthropic", "vertex_ai")
+    }
+    assert names == {
+        "azure_openai_chat": "azure.ai.openai",
+        "azure_openai_responses": "azure.ai.openai",
+        "vertex_ai_anthropic": "gcp.vertex_ai",
+        "vertex_ai": "gcp.vertex_ai",
+    }
+
+
+def test_a_gen_ai_span_of_a_platform_reads_as_the_platform_s_wire_format() -> None:
+    assert wire_format("azure.ai.openai", "chat") == "azure_openai_chat"
+    assert wire_format("azure.ai.openai", "text_completion") == "azure_openai_completions"
+    assert wire_format("openai", None) == "openai_chat"
+    assert wire_format("aws.bedrock", "chat") == "bedrock_converse"
+    assert wire_format("mistral_ai", "chat") == "mistral_ai"
 
 
 def test_detect_provider_path_wins_over_content_type() -> None:

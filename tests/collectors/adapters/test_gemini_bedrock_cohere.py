@@ -10,7 +10,7 @@ import orjson
 
 from semhealth.collectors.adapters.bedrock import BedrockConverseAdapter, BedrockInvokeAdapter
 from semhealth.collectors.adapters.cohere import CohereChatAdapter
-from semhealth.collectors.adapters.gemini import GeminiAdapter
+from semhealth.collectors.adapters.gemini import GeminiAdapter, openapi_schema
 from semhealth.collectors.config import Extract
 from semhealth.collectors.events import (
     AdapterEvent,
@@ -24,7 +24,7 @@ from semhealth.collectors.events import (
 )
 from semhealth.collectors.frames import Frame
 from semhealth.collectors.record import StreamState
-from semhealth.collectors.request import extract_request, openapi_schema
+from semhealth.collectors.request import extract_request
 
 
 def _gemini(*chunks: dict[str, Any]) -> list[AdapterEvent]:

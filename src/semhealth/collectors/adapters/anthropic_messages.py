@@ -21,6 +21,8 @@ Decisions:
 
 from __future__ import annotations
 
+from typing import Any
+
 from semhealth.collectors.adapters.base import (
     SHAPE,
     FrameAdapter,
@@ -37,6 +39,18 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    dicts,
+    opt,
+    schema_request,
+    split_turns,
+    text_of,
+)
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -47,6 +61,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _STOP = {
     "end_turn": "stop",
@@ -190,3 +205,77 @@ def _whole_tool_call(index: int, block: JsonObject, t: int) -> ToolCallDelta:
         name=opt_str(block, "name"),
         arguments="" if tool_input is None else dump_json(tool_input),
     )
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_request(doc: dict[str, Any]) -> Reading:
+    return _conversation(doc), _structure(doc)
+
+
+def _conversation(doc: dict[str, Any]) -> Conversation:
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return UNUSABLE
+    system = opt(text_of(doc.get("system")))
+    return split_turns(system, (_turn(m) for m in dicts(messages)))
+
+
+def _turn(message: dict[str, Any]) -> Turn:
+    role = message.get("role")
+    role = role if isinstance(role, str) else ""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return Turn(role=role, text=text_of(content))
+    extras: list[str] = []
+    for block in dicts(content):
+        kind = block.get("type")
+        if kind == "tool_result":
+            extras.extend(opt(text_of(block.get("content"))))
+        elif kind == "document":
+            extras.extend(opt(_document_text(block.get("source"))))
+    return Turn(role=role, text=text_of(content), extras=tuple(extras))
+
+
+def _document_text(source: object) -> str | None:
+    """Plain-text documents only: ``source.type`` ``text`` (``data``) or ``content`` (blocks)."""
+    if not isinstance(source, dict):
+        return None
+    if source.get("type") == "text":
+        data = source.get("data")
+        return data if isinstance(data, str) else None
+    if source.get("type") == "content":
+        return text_of(source.get("content"))
+    return None
+
+
+def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    # Server tools (web search, code execution, ...) carry no input_schema: the model
+    # does not write their input as JSON for the client, so there is nothing to check.
+    return tuple(
+        schema_request("tool_input", tool.get("input_schema"), tool.get("name"))
+        for tool in dicts(doc.get("tools"))
+        if isinstance(tool.get("input_schema"), dict)
+    )
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+PROVIDERS = (
+    Provider(
+        name="anthropic_messages",
+        adapter=AnthropicMessagesAdapter,
+        read_request=read_request,
+        gen_ai_name="anthropic",
+        suffixes=("/messages",),
+    ),
+    # Claude on Vertex AI: the Messages API behind Vertex's own methods.
+    Provider(
+        name="vertex_ai_anthropic",
+        adapter=AnthropicMessagesAdapter,
+        read_request=read_request,
+        gen_ai_name="gcp.vertex_ai",
+        suffixes=(":streamRawPredict", ":rawPredict"),
+    ),
+)

@@ -27,7 +27,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Any
 
+import orjson
+
+from semhealth.collectors.adapters import anthropic_messages
 from semhealth.collectors.adapters.anthropic_messages import AnthropicMessagesAdapter
 from semhealth.collectors.adapters.base import (
     JSON,
@@ -46,6 +50,19 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    dict_or_empty,
+    dicts,
+    nonempty_str,
+    opt,
+    schema_request,
+    split_turns,
+)
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -56,6 +73,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _STOP = {
     "end_turn": "stop",
@@ -325,3 +343,96 @@ def _usage(usage: JsonObject | None) -> list[AdapterEvent]:
         ),
         opt_int(usage, "outputTokens"),
     )
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_converse_request(doc: dict[str, Any]) -> Reading:
+    return _converse_conversation(doc), _converse_structure(doc)
+
+
+def _converse_conversation(doc: dict[str, Any]) -> Conversation:
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return UNUSABLE
+    system = opt(_converse_text(doc.get("system")))
+    turns: list[Turn] = []
+    for message in dicts(messages):
+        role = message.get("role")
+        content = message.get("content")
+        extras: list[str] = []
+        for block in dicts(content):
+            result = block.get("toolResult")
+            if isinstance(result, dict):
+                extras.extend(opt(_converse_text(result.get("content"))))
+            document = dict_or_empty(block.get("document"))
+            source = dict_or_empty(document.get("source"))
+            extras.extend(opt(_converse_text(source.get("content"))))
+            extras.extend(opt(nonempty_str(source.get("text"))))
+        turns.append(
+            Turn(
+                role=role if isinstance(role, str) else "",
+                text=_converse_text(content),
+                extras=tuple(extras),
+            )
+        )
+    return split_turns(system, turns)
+
+
+def _converse_text(blocks: object) -> str | None:
+    """The ``text`` blocks of a Converse content list (``json`` blocks as their JSON)."""
+    if isinstance(blocks, str):
+        return blocks
+    texts: list[str] = []
+    for block in dicts(blocks):
+        if isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif "json" in block:
+            texts.append(orjson.dumps(block["json"]).decode())
+    return "\n".join(texts) if texts else None
+
+
+def _converse_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    tools = dict_or_empty(doc.get("toolConfig")).get("tools")
+    found: list[StructureRequest] = []
+    for tool in dicts(tools):
+        spec = tool.get("toolSpec")
+        if isinstance(spec, dict):
+            schema = dict_or_empty(spec.get("inputSchema")).get("json")
+            found.append(schema_request("tool_input", schema, spec.get("name")))
+    return tuple(found)
+
+
+def read_invoke_request(doc: dict[str, Any]) -> tuple[Conversation, tuple[StructureRequest, ...]]:
+    """InvokeModel bodies are the model family's own: Anthropic Messages
+    (``anthropic_version``), Nova (Converse's shape under ``messages``, ``system``) or a
+    plain ``prompt`` (Llama, Mistral) / ``inputText`` (Titan)."""
+    if "anthropic_version" in doc:
+        return anthropic_messages.read_request(doc)
+    if isinstance(doc.get("messages"), list):
+        return _converse_conversation(doc), _converse_structure(doc)
+    for key in ("prompt", "inputText"):
+        if isinstance(doc.get(key), str):
+            return split_turns((), [Turn(role="user", text=doc[key])]), ()
+    return UNUSABLE, ()
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+PROVIDERS = (
+    Provider(
+        name="bedrock_converse",
+        adapter=BedrockConverseAdapter,
+        read_request=read_converse_request,
+        gen_ai_name="aws.bedrock",
+        suffixes=("/converse-stream", "/converse"),
+    ),
+    Provider(
+        name="bedrock_invoke",
+        adapter=BedrockInvokeAdapter,
+        read_request=read_invoke_request,
+        gen_ai_name="aws.bedrock",
+        suffixes=("/invoke-with-response-stream", "/invoke"),
+    ),
+)

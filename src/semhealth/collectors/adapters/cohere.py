@@ -20,6 +20,8 @@ Decisions:
 
 from __future__ import annotations
 
+from typing import Any
+
 from semhealth.collectors.adapters.base import (
     SHAPE,
     FrameAdapter,
@@ -33,6 +35,17 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    Conversation,
+    Reading,
+    dict_or_empty,
+    function_tools,
+    has_text,
+    list_or_empty,
+    schema_request,
+)
+from semhealth.collectors.adapters.openai_chat import chat_conversation
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -43,6 +56,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _FINISH = {
     "COMPLETE": "stop",
@@ -147,3 +161,57 @@ def _count(counts: JsonObject, key: str) -> int | None:
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
     return opt_int(counts, key)
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_request(doc: dict[str, Any]) -> Reading:
+    return _conversation(doc), _structure(doc)
+
+
+def _conversation(doc: dict[str, Any]) -> Conversation:
+    found = chat_conversation(doc)
+    if not found.usable:
+        return found
+    documents = (_document(d) for d in list_or_empty(doc.get("documents")))
+    context = tuple(text for text in documents if text is not None and has_text(text))
+    return Conversation(query=found.query, context=found.context + context, usable=True)
+
+
+def _document(document: object) -> str | None:
+    """A document is a string, or ``{"data": {...}}`` / ``{"id", "data"}``: its string
+    fields, in order."""
+    if isinstance(document, str):
+        return document
+    data = dict_or_empty(document).get("data", document)
+    if isinstance(data, str):
+        return data
+    texts = [value for value in dict_or_empty(data).values() if isinstance(value, str)]
+    return "\n".join(texts) if texts else None
+
+
+def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    response_format = dict_or_empty(doc.get("response_format"))
+    if response_format.get("type") == "json_object":
+        schema = response_format.get("json_schema")
+        if isinstance(schema, dict):
+            found.append(schema_request("json_schema", schema, None))
+        else:
+            found.append(StructureRequest("json_object"))
+    found.extend(function_tools(doc.get("tools")))
+    return tuple(found)
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+PROVIDERS = (
+    Provider(
+        name="cohere_chat",
+        adapter=CohereChatAdapter,
+        read_request=read_request,
+        gen_ai_name="cohere",
+        suffixes=("/v2/chat",),
+    ),
+)

@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
+
 from semhealth.collectors.adapters.base import (
     SHAPE,
     FrameAdapter,
@@ -48,6 +50,18 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    dict_or_empty,
+    dicts,
+    opt,
+    schema_request,
+    split_turns,
+)
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -58,6 +72,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
 # One step of a partialArgs JSON path: ``.name``, ``['name']`` or ``[0]``.
@@ -263,3 +278,133 @@ def _put(node: Any, step: str | int, value: Any) -> None:
         node[step] = value
     else:
         raise FrameError(SHAPE)
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_request(doc: dict[str, Any]) -> Reading:
+    return _conversation(doc), _structure(doc)
+
+
+_ROLES = {"user": "user", "model": "assistant", "function": "tool"}
+
+
+_OPENAPI_DROPPED = frozenset({"nullable", "propertyOrdering", "example"})
+
+
+def _conversation(doc: dict[str, Any]) -> Conversation:
+    contents = doc.get("contents")
+    if not isinstance(contents, list):
+        return UNUSABLE
+    system = opt(_text(dict_or_empty(doc.get("systemInstruction")).get("parts")))
+    turns: list[Turn] = []
+    for content in dicts(contents):
+        role = content.get("role")
+        parts = content.get("parts")
+        extras = tuple(
+            orjson.dumps(response).decode()
+            for part in dicts(parts)
+            if (response := dict_or_empty(part.get("functionResponse")).get("response")) is not None
+        )
+        # A content with no role is the user's (the API's own default).
+        turns.append(
+            Turn(
+                role=_ROLES.get(role if isinstance(role, str) else "user", "user"),
+                text=_text(parts),
+                extras=extras,
+            )
+        )
+    return split_turns(system, turns)
+
+
+def _text(parts: object) -> str | None:
+    """The text parts of a Gemini ``parts`` list joined by newlines; thoughts are not text."""
+    texts = [
+        part["text"]
+        for part in dicts(parts)
+        if isinstance(part.get("text"), str) and not part.get("thought")
+    ]
+    return "\n".join(texts) if texts else None
+
+
+def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    config = dict_or_empty(doc.get("generationConfig"))
+    if config.get("responseMimeType") == "application/json":
+        if isinstance(config.get("responseJsonSchema"), dict):
+            found.append(schema_request("json_schema", config["responseJsonSchema"], None))
+        elif isinstance(config.get("responseSchema"), dict):
+            converted = openapi_schema(config["responseSchema"])
+            found.append(schema_request("json_schema", converted, None))
+        else:
+            found.append(StructureRequest("json_object"))
+    for tool in dicts(doc.get("tools")):
+        for function in dicts(tool.get("functionDeclarations")):
+            schema = function.get("parametersJsonSchema")
+            if not isinstance(schema, dict) and isinstance(function.get("parameters"), dict):
+                schema = openapi_schema(function["parameters"])
+            found.append(schema_request("tool_input", schema, function.get("name")))
+    return tuple(found)
+
+
+def openapi_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Gemini's ``Schema`` (an OpenAPI 3.0 subset with upper-case types) as JSON Schema.
+
+    Types are lower-cased, ``nullable`` becomes a ``null`` type, ``anyOf``, ``properties``
+    and ``items`` are converted in turn, and the keys JSON Schema does not know
+    (``propertyOrdering``, ``example``) are dropped. Iterative: bodies can nest deeply.
+    """
+    root: dict[str, Any] = {}
+    stack: list[tuple[dict[str, Any], dict[str, Any]]] = [(schema, root)]
+    while stack:
+        source, target = stack.pop()
+        for key, value in source.items():
+            if key in _OPENAPI_DROPPED:
+                continue
+            if key == "type" and isinstance(value, str):
+                target["type"] = value.lower()
+            elif key == "properties" and isinstance(value, dict):
+                target[key] = {name: {} for name in value}
+                stack += [
+                    (sub, target[key][name]) for name, sub in value.items() if isinstance(sub, dict)
+                ]
+            elif key in ("items", "not") and isinstance(value, dict):
+                target[key] = {}
+                stack.append((value, target[key]))
+            elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+                target[key] = [{} for _ in value]
+                stack += [
+                    (sub, slot)
+                    for sub, slot in zip(value, target[key], strict=True)
+                    if isinstance(sub, dict)
+                ]
+            else:
+                target[key] = value
+        if source.get("nullable") is True and isinstance(target.get("type"), str):
+            target["type"] = [target["type"], "null"]
+    return root
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+# Vertex AI's Gemini paths: /v1/projects/{p}/locations/{l}/publishers/google/models/{m}:...
+_VERTEX = re.compile(r"/projects/[^/]+/locations/[^/]+/publishers/google/models/")
+
+PROVIDERS = (
+    Provider(
+        name="gemini",
+        adapter=GeminiAdapter,
+        read_request=read_request,
+        gen_ai_name="gcp.gemini",
+        suffixes=(":streamGenerateContent", ":generateContent"),
+    ),
+    Provider(
+        name="vertex_ai",
+        adapter=GeminiAdapter,
+        read_request=read_request,
+        gen_ai_name="gcp.vertex_ai",
+        suffixes=(":streamGenerateContent", ":generateContent"),
+        platform=_VERTEX,
+    ),
+)

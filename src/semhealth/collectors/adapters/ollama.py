@@ -16,6 +16,8 @@ Decisions:
 
 from __future__ import annotations
 
+from typing import Any
+
 from semhealth.collectors.adapters.base import (
     SHAPE,
     FrameAdapter,
@@ -31,6 +33,18 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    function_tools,
+    opt,
+    split_turns,
+    text_of,
+)
+from semhealth.collectors.adapters.openai_chat import chat_conversation
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -40,6 +54,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 
 class OllamaAdapter(FrameAdapter):
@@ -101,3 +116,45 @@ def _arguments(value: object) -> str:
     if isinstance(value, dict):
         return dump_json(value)
     raise FrameError(SHAPE)
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_request(doc: dict[str, Any]) -> Reading:
+    return _conversation(doc), _structure(doc)
+
+
+def _conversation(doc: dict[str, Any]) -> Conversation:
+    messages = doc.get("messages")
+    if isinstance(messages, list):  # /api/chat
+        return chat_conversation(doc)
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):  # /api/generate
+        system = opt(text_of(doc.get("system")))
+        return split_turns(system, [Turn(role="user", text=prompt)])
+    return UNUSABLE
+
+
+def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    fmt = doc.get("format")
+    if fmt == "json":
+        found.append(StructureRequest("json_object"))
+    elif isinstance(fmt, dict):
+        found.append(StructureRequest("json_schema", schema=fmt))
+    found.extend(function_tools(doc.get("tools")))
+    return tuple(found)
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+PROVIDERS = (
+    Provider(
+        name="ollama",
+        adapter=OllamaAdapter,
+        read_request=read_request,
+        gen_ai_name="ollama",  # not among the conventions' values: named as it is
+        suffixes=("/api/chat", "/api/generate"),
+    ),
+)

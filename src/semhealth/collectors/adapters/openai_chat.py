@@ -19,6 +19,7 @@ Decisions:
 
 from __future__ import annotations
 
+import re
 from abc import abstractmethod
 from typing import Any
 
@@ -36,6 +37,20 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    dict_or_empty,
+    dicts,
+    function_tools,
+    opt,
+    schema_request,
+    split_turns,
+    text_of,
+)
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -46,6 +61,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _FINISH = {"function_call": "tool_calls"}  # the deprecated functions API
 
@@ -213,3 +229,102 @@ def _arguments(value: Any) -> str:
     if isinstance(value, str):
         return value
     raise FrameError(SHAPE)
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_chat_request(doc: dict[str, Any]) -> Reading:
+    return chat_conversation(doc), _chat_structure(doc)
+
+
+def read_completions_request(doc: dict[str, Any]) -> Reading:
+    return _completions_conversation(doc), ()
+
+
+def chat_conversation(doc: dict[str, Any]) -> Conversation:
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return UNUSABLE
+    system: list[str] = []
+    turns: list[Turn] = []
+    for message in dicts(messages):
+        role = message.get("role")
+        text = text_of(message.get("content"))
+        if role in ("system", "developer"):
+            system.extend(opt(text))
+        elif role in ("tool", "function"):
+            turns.append(Turn(role="tool", text=None, extras=opt(text)))
+        elif isinstance(role, str):
+            turns.append(Turn(role=role, text=text))
+    return split_turns(system, turns)
+
+
+def _chat_structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    response_format = doc.get("response_format")
+    if isinstance(response_format, dict):
+        kind = response_format.get("type")
+        if kind == "json_object":
+            found.append(StructureRequest("json_object"))
+        elif kind == "json_schema":
+            spec = dict_or_empty(response_format.get("json_schema"))
+            found.append(schema_request("json_schema", spec.get("schema"), spec.get("name")))
+    found.extend(function_tools(doc.get("tools")))
+    # The deprecated ``functions`` parameter still reaches servers from older clients.
+    for function in dicts(doc.get("functions")):
+        found.append(schema_request("tool_input", function.get("parameters"), function.get("name")))
+    return tuple(found)
+
+
+def _completions_conversation(doc: dict[str, Any]) -> Conversation:
+    # Legacy completions: the prompt is the query; a batch of prompts is scored by its last one.
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompt = prompt[-1]
+    if not isinstance(prompt, str):
+        return UNUSABLE
+    return split_turns((), [Turn(role="user", text=prompt)])
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+# Azure OpenAI serves OpenAI's formats under its deployments (``/openai/deployments/{d}/...``)
+# and always asks for an ``api-version``; its newer ``/openai/v1/`` paths without one are
+# Groq's too, so a route names ``azure_openai_chat`` for them.
+AZURE = re.compile(r"/openai/deployments/[^/]+/|[?&]api-version=")
+
+PROVIDERS = (
+    Provider(
+        name="openai_chat",
+        adapter=OpenAIChatAdapter,
+        read_request=read_chat_request,
+        gen_ai_name="openai",
+        suffixes=("/chat/completions",),
+    ),
+    Provider(
+        name="openai_completions",
+        adapter=OpenAICompletionsAdapter,
+        read_request=read_completions_request,
+        gen_ai_name="openai",
+        operation="text_completion",
+        suffixes=("/completions",),
+    ),
+    Provider(
+        name="azure_openai_chat",
+        adapter=OpenAIChatAdapter,
+        read_request=read_chat_request,
+        gen_ai_name="azure.ai.openai",
+        suffixes=("/chat/completions",),
+        platform=AZURE,
+    ),
+    Provider(
+        name="azure_openai_completions",
+        adapter=OpenAICompletionsAdapter,
+        read_request=read_completions_request,
+        gen_ai_name="azure.ai.openai",
+        operation="text_completion",
+        suffixes=("/completions",),
+        platform=AZURE,
+    ),
+)

@@ -17,6 +17,8 @@ Decisions:
 
 from __future__ import annotations
 
+from typing import Any
+
 from semhealth.collectors.adapters.base import (
     SHAPE,
     FrameAdapter,
@@ -31,6 +33,20 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    dict_or_empty,
+    dicts,
+    opt,
+    schema_request,
+    split_turns,
+    text_of,
+)
+from semhealth.collectors.adapters.openai_chat import AZURE
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
     ContentDelta,
@@ -41,6 +57,7 @@ from semhealth.collectors.events import (
     ToolCallDelta,
 )
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _TEXT_DELTAS = frozenset({"response.output_text.delta", "response.refusal.delta"})
 _ARGUMENT_DELTAS = frozenset(
@@ -227,3 +244,69 @@ def _whole_tool_call(index: int, item: JsonObject, t: int) -> ToolCallDelta:
         name=opt_str(item, "name"),
         arguments=opt_str(item, "arguments") or opt_str(item, "input") or "",
     )
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_request(doc: dict[str, Any]) -> Reading:
+    return _conversation(doc), _structure(doc)
+
+
+_TOOL_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+def _conversation(doc: dict[str, Any]) -> Conversation:
+    system = list(opt(text_of(doc.get("instructions"))))
+    items = doc.get("input")
+    if isinstance(items, str):
+        return split_turns(system, [Turn(role="user", text=items)])
+    if not isinstance(items, list):
+        return UNUSABLE
+    turns: list[Turn] = []
+    for item in dicts(items):
+        kind = item.get("type")
+        if kind in _TOOL_OUTPUT_ITEMS:
+            turns.append(Turn(role="tool", text=None, extras=opt(text_of(item.get("output")))))
+        elif kind == "message" or (kind is None and "role" in item):
+            role = item.get("role")
+            text = text_of(item.get("content"))
+            if role in ("system", "developer"):
+                system.extend(opt(text))
+            elif isinstance(role, str):
+                turns.append(Turn(role=role, text=text))
+    return split_turns(system, turns)
+
+
+def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    found: list[StructureRequest] = []
+    fmt = dict_or_empty(dict_or_empty(doc.get("text")).get("format"))
+    if fmt.get("type") == "json_object":
+        found.append(StructureRequest("json_object"))
+    elif fmt.get("type") == "json_schema":
+        found.append(schema_request("json_schema", fmt.get("schema"), fmt.get("name")))
+    for tool in dicts(doc.get("tools")):
+        if tool.get("type") == "function":
+            found.append(schema_request("tool_input", tool.get("parameters"), tool.get("name")))
+    return tuple(found)
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+PROVIDERS = (
+    Provider(
+        name="openai_responses",
+        adapter=OpenAIResponsesAdapter,
+        read_request=read_request,
+        gen_ai_name="openai",
+        suffixes=("/responses",),
+    ),
+    Provider(
+        name="azure_openai_responses",
+        adapter=OpenAIResponsesAdapter,
+        read_request=read_request,
+        gen_ai_name="azure.ai.openai",
+        suffixes=("/responses",),
+        platform=AZURE,
+    ),
+)

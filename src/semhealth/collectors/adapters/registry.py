@@ -1,4 +1,5 @@
-"""Choosing an adapter: by configured provider name, by request path, or by the stream itself.
+"""The providers' one table, and choosing one: by configured name, by request path, or by the
+stream itself.
 
 ``detect_provider`` serves routes configured with ``provider: auto``. A path it
 does not know gives ``unknown`` rather than a guess: ``make_adapter("unknown")``
@@ -11,58 +12,56 @@ sniffer names what it chose in ``provider``, so the record can carry it.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from typing import Any
 
 import orjson
 
-from semhealth.collectors.adapters.anthropic_messages import AnthropicMessagesAdapter
+from semhealth.collectors.adapters import (
+    anthropic_messages,
+    bedrock,
+    cohere,
+    gemini,
+    ollama,
+    openai_chat,
+    openai_responses,
+    tgi,
+)
 from semhealth.collectors.adapters.base import Adapter
-from semhealth.collectors.adapters.bedrock import BedrockConverseAdapter, BedrockInvokeAdapter
-from semhealth.collectors.adapters.cohere import CohereChatAdapter
-from semhealth.collectors.adapters.gemini import GeminiAdapter
-from semhealth.collectors.adapters.ollama import OllamaAdapter
-from semhealth.collectors.adapters.openai_chat import OpenAIChatAdapter, OpenAICompletionsAdapter
-from semhealth.collectors.adapters.openai_responses import OpenAIResponsesAdapter
-from semhealth.collectors.adapters.tgi import TGIAdapter
+from semhealth.collectors.adapters.conversation import UNUSABLE, Reading
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import AdapterEvent
 from semhealth.collectors.frames import Frame
 
 UNKNOWN = "unknown"
 
-_FACTORIES: dict[str, Callable[[], Adapter]] = {
-    "openai_chat": OpenAIChatAdapter,
-    "openai_completions": OpenAICompletionsAdapter,
-    "openai_responses": OpenAIResponsesAdapter,
-    "anthropic_messages": AnthropicMessagesAdapter,
-    "ollama": OllamaAdapter,
-    "tgi": TGIAdapter,
-    "gemini": GeminiAdapter,
-    "vertex_ai": GeminiAdapter,
-    "bedrock_converse": BedrockConverseAdapter,
-    "bedrock_invoke": BedrockInvokeAdapter,
-    "cohere_chat": CohereChatAdapter,
-}
+PROVIDER_TABLE: tuple[Provider, ...] = (
+    *openai_chat.PROVIDERS,
+    *openai_responses.PROVIDERS,
+    *gemini.PROVIDERS,  # before Claude on Vertex AI: a gcp.vertex_ai span is Gemini's first
+    *anthropic_messages.PROVIDERS,
+    *ollama.PROVIDERS,
+    *tgi.PROVIDERS,
+    *bedrock.PROVIDERS,
+    *cohere.PROVIDERS,
+)
+"""Every provider semhealth understands, each declared in its own module. Where two give the
+same GenAI provider and operation, the first is what an OTLP span of that name reads as."""
 
-ADAPTER_NAMES = (*_FACTORIES, UNKNOWN)
+_BY_NAME = {provider.name: provider for provider in PROVIDER_TABLE}
+
+ADAPTER_NAMES = (*_BY_NAME, UNKNOWN)
 """Every name ``make_adapter`` accepts."""
 
-GEN_AI_PROVIDERS = {
-    "openai_chat": "openai",
-    "openai_completions": "openai",
-    "openai_responses": "openai",
-    "anthropic_messages": "anthropic",
-    "gemini": "gcp.gemini",
-    "vertex_ai": "gcp.vertex_ai",
-    "bedrock_converse": "aws.bedrock",
-    "bedrock_invoke": "aws.bedrock",
-    "cohere_chat": "cohere",
-}
+GEN_AI_PROVIDERS = {provider.name: provider.gen_ai_name for provider in PROVIDER_TABLE}
 """``gen_ai.provider.name`` of each wire format, the GenAI conventions' well-known values
-(the others, ollama and tgi, are named as they are)."""
+(ollama and tgi, which have none, are named as they are)."""
 
-OPERATIONS = {"openai_completions": "text_completion", "tgi": "text_completion"}
-"""``gen_ai.operation.name`` where it is not ``chat``."""
+# A platform's rules first (it serves another's format at the same suffixes), then the longest
+# suffix first where one ends another (``/chat/completions`` before ``/completions``).
+_PATH_RULES = sorted(
+    ((provider, suffix) for provider in PROVIDER_TABLE for suffix in provider.suffixes),
+    key=lambda rule: (rule[0].platform is None, -len(rule[1])),
+)
 
 
 def gen_ai_provider(provider: str) -> str:
@@ -72,42 +71,25 @@ def gen_ai_provider(provider: str) -> str:
 
 def operation_name(provider: str) -> str:
     """The ``gen_ai.operation.name`` of a record's provider."""
-    return OPERATIONS.get(provider, "chat")
+    known = _BY_NAME.get(provider)
+    return known.operation if known is not None else "chat"
 
 
 def wire_format(gen_ai_name: str, operation: str | None) -> str:
     """The wire format (a record's provider) that a GenAI span's provider name speaks, or
-    the name itself when it is none of ours. Azure OpenAI speaks OpenAI's."""
-    if gen_ai_name == "azure.ai.openai":
-        gen_ai_name = "openai"
-    speaking = [provider for provider, name in GEN_AI_PROVIDERS.items() if name == gen_ai_name]
+    the name itself when it is none of ours."""
+    speaking = [p for p in PROVIDER_TABLE if p.gen_ai_name == gen_ai_name]
     if not speaking:
         return gen_ai_name
     wanted = operation or "chat"
-    return next((p for p in speaking if operation_name(p) == wanted), speaking[0])
+    return next((p for p in speaking if p.operation == wanted), speaking[0]).name
 
 
-# Longest suffix first where one ends another (``/chat/completions`` before ``/completions``,
-# ``/api/generate`` before ``/generate``).
-_PATH_SUFFIXES = (
-    (":streamGenerateContent", "gemini"),
-    (":generateContent", "gemini"),
-    (":streamRawPredict", "anthropic_messages"),  # Claude on Vertex AI
-    (":rawPredict", "anthropic_messages"),
-    ("/converse-stream", "bedrock_converse"),
-    ("/converse", "bedrock_converse"),
-    ("/invoke-with-response-stream", "bedrock_invoke"),
-    ("/invoke", "bedrock_invoke"),
-    ("/v2/chat", "cohere_chat"),
-    ("/chat/completions", "openai_chat"),
-    ("/completions", "openai_completions"),
-    ("/responses", "openai_responses"),
-    ("/messages", "anthropic_messages"),
-    ("/api/chat", "ollama"),
-    ("/api/generate", "ollama"),
-    ("/generate_stream", "tgi"),
-    ("/generate", "tgi"),
-)
+def read_request(provider: str, doc: dict[str, Any]) -> Reading:
+    """What ``provider``'s convention finds in a request body; unusable for a name not ours."""
+    known = _BY_NAME.get(provider)
+    return (UNUSABLE, ()) if known is None else known.read_request(doc)
+
 
 _ANTHROPIC_TYPES = frozenset(
     {
@@ -120,8 +102,6 @@ _ANTHROPIC_TYPES = frozenset(
         "content_block_stop",
     }
 )
-# Vertex AI's Gemini paths: /v1/projects/{p}/locations/{l}/publishers/google/models/{m}:...
-_VERTEX = re.compile(r"/projects/[^/]+/locations/[^/]+/publishers/google/models/")
 _COHERE_TYPES = frozenset(
     {"message-start", "content-start", "content-delta", "tool-plan-delta", "tool-call-start"}
 )
@@ -143,10 +123,10 @@ def make_adapter(provider: str) -> Adapter:
     """A fresh adapter for one response. ``provider`` is one of ``ADAPTER_NAMES``."""
     if provider == UNKNOWN:
         return SniffingAdapter()
-    factory = _FACTORIES.get(provider)
-    if factory is None:
+    known = _BY_NAME.get(provider)
+    if known is None:
         raise ValueError(f"no adapter for provider {provider!r}; known: {', '.join(ADAPTER_NAMES)}")
-    return factory()
+    return known.adapter()
 
 
 def detect_provider(path: str, content_type: str | None) -> str:
@@ -156,11 +136,9 @@ def detect_provider(path: str, content_type: str | None) -> str:
     ``application/x-ndjson`` is Ollama's streaming type.
     """
     clean = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-    for suffix, provider in _PATH_SUFFIXES:
-        if clean.endswith(suffix):
-            if provider == "gemini" and _VERTEX.search(clean):
-                return "vertex_ai"
-            return provider
+    for provider, suffix in _PATH_RULES:
+        if (provider.platform is None or provider.platform.search(path)) and clean.endswith(suffix):
+            return provider.name
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == "application/x-ndjson":
         return "ollama"

@@ -35,8 +35,19 @@ from semhealth.collectors.adapters.base import (
     opt_str,
     usage_report,
 )
+from semhealth.collectors.adapters.conversation import (
+    UNUSABLE,
+    Conversation,
+    Reading,
+    Turn,
+    dict_or_empty,
+    schema_request,
+    split_turns,
+)
+from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import AdapterEvent, ContentDelta, Done, Finish, StreamError
 from semhealth.collectors.frames import Frame
+from semhealth.collectors.record import StructureRequest
 
 _FINISH = {"eos_token": "stop", "stop_sequence": "stop"}
 
@@ -94,3 +105,39 @@ def _details(details: JsonObject) -> list[AdapterEvent]:
         prompt = opt_int(details, "input_length")
     out += usage_report(prompt, opt_int(details, "generated_tokens"))
     return out
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def read_request(doc: dict[str, Any]) -> Reading:
+    return _conversation(doc), _structure(doc)
+
+
+def _conversation(doc: dict[str, Any]) -> Conversation:
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, str):
+        return UNUSABLE
+    return split_turns((), [Turn(role="user", text=inputs)])
+
+
+def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
+    # TGI guidance: parameters.grammar = {"type": "json", "value": <JSON Schema>}.
+    grammar = dict_or_empty(dict_or_empty(doc.get("parameters")).get("grammar"))
+    if grammar.get("type") == "json":
+        return (schema_request("json_schema", grammar.get("value"), None),)
+    return ()
+
+
+# --- the provider ---------------------------------------------------------------------------------
+
+PROVIDERS = (
+    Provider(
+        name="tgi",
+        adapter=TGIAdapter,
+        read_request=read_request,
+        gen_ai_name="tgi",  # not among the conventions' values: named as it is
+        operation="text_completion",
+        suffixes=("/generate_stream", "/generate"),
+    ),
+)

@@ -26,6 +26,7 @@ import pytest
 from botocore.config import Config as BotoConfig
 from google import genai
 from google.genai import types as genai_types
+from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, ToolScript
 from semhealth.collectors.eventstream import event_message, exception_message
@@ -121,6 +122,34 @@ async def test_gemini_sse_stream_through_the_sidecar_equals_direct() -> None:
     assert record.model == "gemini-test"
     _assert_timed(record)
     assert len(record.delta_ns) == len(PIECES)
+
+
+def _reasoning_tokens(stack: Any, provider_name: str) -> float:
+    """The reasoning histogram's sum on the sidecar's own ``/metrics`` rendering."""
+    for family in text_string_to_metric_families(
+        stack.agent.telemetry.render_prometheus().decode()
+    ):
+        if family.name == "gen_ai_client_inference_usage_reasoning_output_tokens":
+            return sum(
+                s.value
+                for s in family.samples
+                if s.name.endswith("_sum") and s.labels["gen_ai_provider_name"] == provider_name
+            )
+    raise AssertionError("no reasoning token family on /metrics")
+
+
+async def test_gemini_thoughts_are_reasoning_tokens_inside_the_output_tokens() -> None:
+    def thinking(_request: ScriptRequest) -> Script:
+        return Script(pieces=PIECES, ttft_s=TTFT_S, input_tokens=12, output_tokens=27,
+                      reasoning_tokens=20)  # fmt: skip
+
+    async with running_stack(thinking) as stack:
+        (chunk, *_) = reversed(await _gemini_stream(stack.agent.proxy_url))
+        (record,) = await stack.wait_records(1)
+        assert _reasoning_tokens(stack, "gcp.gemini") == 20
+    usage = chunk["usage_metadata"]
+    assert (usage["candidates_token_count"], usage["thoughts_token_count"]) == (7, 20)
+    assert (record.usage.output_tokens, record.usage.reasoning_tokens) == (27, 20)
 
 
 async def test_gemini_function_call_is_checked_against_its_declaration() -> None:
@@ -419,7 +448,21 @@ async def test_azure_openai_deployment_paths_are_understood() -> None:
         (record,) = await stack.wait_records(1)
     assert proxied == direct
     assert stack.upstream.received[-1].path == "/openai/deployments/my-deployment/chat/completions"
-    assert record.provider == "openai_chat" and record.route == "chat_completions"
+    assert record.provider == "azure_openai_chat" and record.route == "chat_completions"
     assert record.output_text == "".join(PIECES)
     assert (record.usage.input_tokens, record.usage.output_tokens) == (12, 7)
     _assert_timed(record)
+
+
+async def test_openai_reasoning_tokens_reach_metrics_through_the_azure_sdk() -> None:
+    def thinking(_request: ScriptRequest) -> Script:
+        return Script(pieces=PIECES, ttft_s=TTFT_S, input_tokens=12, output_tokens=27,
+                      reasoning_tokens=20)  # fmt: skip
+
+    async with running_stack(thinking) as stack:
+        chunks = await _azure_stream(stack.agent.proxy_url)
+        (record,) = await stack.wait_records(1)
+        assert _reasoning_tokens(stack, "azure.ai.openai") == 20
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 20
+    assert (record.usage.output_tokens, record.usage.reasoning_tokens) == (27, 20)

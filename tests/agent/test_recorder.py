@@ -264,6 +264,27 @@ def test_a_whole_stream_feeds_every_stream_signal() -> None:
     assert (per_chunk.count, per_chunk.sum) == (2, pytest.approx(0.03))  # 10 ms and 20 ms
 
 
+_REASONING = "gen_ai.client.inference.usage.reasoning.output_tokens"
+
+
+def test_reasoning_tokens_are_recorded_apart_and_stay_inside_output_tokens() -> None:
+    recorder, reader = _recording()
+    recorder.consume_record(_record(usage=Usage(10, 40, 25)))
+    points = _points(reader)
+    (reasoning,) = points[_REASONING]
+    assert (reasoning.count, reasoning.sum) == (1, 25)
+    assert reasoning.attributes["gen_ai.provider.name"] == "openai"
+    assert "gen_ai.token.type" not in reasoning.attributes
+    usage = {p.attributes["gen_ai.token.type"]: p.sum for p in points["gen_ai.client.token.usage"]}
+    assert usage == {"input": 10, "output": 40}
+
+
+def test_a_provider_that_reports_no_reasoning_count_opens_no_reasoning_series() -> None:
+    recorder, reader = _recording()
+    recorder.consume_record(_record(usage=Usage(10, 40)))
+    assert _REASONING not in _points(reader)
+
+
 def test_a_client_that_left_mid_stream_is_counted_as_client_aborted_and_feeds_no_stream_signal() -> (
     None
 ):

@@ -94,6 +94,7 @@ def build_record(
     usage = Usage(
         _int(attrs, (c.INPUT_TOKENS, c.PROMPT_TOKENS), problems),
         _int(attrs, (c.OUTPUT_TOKENS, c.COMPLETION_TOKENS), problems),
+        _int(attrs, (c.REASONING_TOKENS,), problems),
     )
     chunks = sorted(e.time_ns for e in span.events if e.name == c.COMPLETION_CHUNK_EVENT)
     delta_ns = _content_chunks(chunks, finish is not None, usage.output_tokens is not None)

@@ -119,6 +119,12 @@ SPECS = (
          "GenAI operation duration.", (*_GEN_AI, ERROR), buckets.GEN_AI_DURATION_S),
     Spec("gen_ai.client.token.usage", "histogram", "{token}",
          "Number of input and output tokens used.", (*_GEN_AI, TOKEN_TYPE), buckets.GEN_AI_TOKENS),
+    # The conventions' token-usage histogram has two token types, input and output, and
+    # output includes reasoning; their open change (semantic-conventions-genai, "inference
+    # token metrics") gives reasoning an instrument of its own, so it is never counted twice.
+    Spec("gen_ai.client.inference.usage.reasoning.output_tokens", "histogram", "{token}",
+         "Number of output tokens the model spent reasoning, as its provider reported them.",
+         _GEN_AI, buckets.GEN_AI_TOKENS),
     Spec("gen_ai.server.time_to_first_token", "histogram", "s",
          "Time to generate first token for successful responses.", _GEN_AI, buckets.GEN_AI_TTFT_S),
     Spec("gen_ai.server.time_per_output_token", "histogram", "s",

@@ -221,6 +221,10 @@ class Recorder:
             tokens.record(record.usage.input_tokens, {**attrs, m.TOKEN_TYPE: "input"})
         if record.usage.output_tokens is not None:
             tokens.record(record.usage.output_tokens, {**attrs, m.TOKEN_TYPE: "output"})
+        if record.usage.reasoning_tokens is not None:
+            self._h["gen_ai.client.inference.usage.reasoning.output_tokens"].record(
+                record.usage.reasoning_tokens, attrs
+            )
         # A client that left is a failure too (client_aborted): its stream is partial.
         if failure or not record.streamed or record.shed:
             return

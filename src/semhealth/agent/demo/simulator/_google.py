@@ -88,7 +88,11 @@ def _response(plan: Plan, parts: list[dict[str, Any]], done: bool) -> dict[str, 
         candidate["finishReason"] = _FINISH[plan.finish]
     usage: dict[str, Any] = {"promptTokenCount": plan.input_tokens}
     if done:
-        usage["candidatesTokenCount"] = plan.output_tokens
+        # Gemini counts thoughts apart: candidates are the answer's tokens only.
+        thoughts = plan.reasoning_tokens or 0
+        usage["candidatesTokenCount"] = plan.output_tokens - thoughts
+        if thoughts:
+            usage["thoughtsTokenCount"] = thoughts
         usage["totalTokenCount"] = plan.input_tokens + plan.output_tokens
     return {
         "candidates": [candidate],

@@ -28,12 +28,15 @@ def _chat_include_usage(plan: Plan) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def _chat_usage(plan: Plan) -> dict[str, int]:
-    return {
+def _chat_usage(plan: Plan) -> dict[str, Any]:
+    usage: dict[str, Any] = {
         "prompt_tokens": plan.input_tokens,
         "completion_tokens": plan.output_tokens,
         "total_tokens": plan.input_tokens + plan.output_tokens,
     }
+    if plan.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": plan.reasoning_tokens}
+    return usage
 
 
 def chat_stream(plan: Plan) -> list[Step]:
@@ -133,7 +136,7 @@ def _responses_usage(plan: Plan) -> dict[str, Any]:
         "input_tokens": plan.input_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": plan.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens or 0},
         "total_tokens": plan.input_tokens + plan.output_tokens,
     }
 

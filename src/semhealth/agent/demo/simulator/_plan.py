@@ -39,6 +39,7 @@ class Plan:
     finish: str
     input_tokens: int
     output_tokens: int
+    reasoning_tokens: int | None
     request: ScriptRequest
 
     @property
@@ -79,6 +80,7 @@ def make_plan(script: Script, request: ScriptRequest, serial: str) -> Plan:
         output_tokens=(
             script.output_tokens if script.output_tokens is not None else script.delta_count
         ),
+        reasoning_tokens=script.reasoning_tokens,
         request=request,
     )
 

@@ -38,7 +38,8 @@ class Script:
     (a tuple of exactly ``delta_count - 1`` values, or one float for all). ``finish_reason``
     is ``stop``, ``length`` or ``tool_calls`` (None: ``tool_calls`` when a tool is scripted,
     else ``stop``). ``input_tokens`` None estimates from the request body size;
-    ``output_tokens`` None counts the deltas. A ``status`` outside 2xx answers a
+    ``output_tokens`` None counts the deltas; ``reasoning_tokens``, the part of them the model
+    spent reasoning, is reported where the wire format has a field for it. A ``status`` outside 2xx answers a
     provider-shaped error body of type ``error`` (None: the usual type for the status) after
     ``ttft_s``. ``die_after`` closes the TCP connection after that many deltas, without the
     stream's end markers (a non-streamed body is cut in half). ``model`` None echoes the
@@ -52,6 +53,7 @@ class Script:
     finish_reason: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    reasoning_tokens: int | None = None
     status: int = 200
     error: str | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY_HEADERS)

@@ -24,13 +24,15 @@ DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAG = "semhealth"
 RATE = "$__rate_interval"
 
-# Label matchers. The semantic-health metrics carry route and model; the GenAI conventions'
-# metrics name the model gen_ai_request_model; the agent's own metrics carry neither. The
-# namespace (and pod) label is the one Prometheus adds from the ServiceMonitor/PodMonitor.
+# Label matchers. The semantic-health metrics carry route, model and provider (the wire
+# format, e.g. bedrock_converse); the GenAI conventions' metrics name the model
+# gen_ai_request_model and carry the same provider label; the agent's own metrics carry none.
+# The namespace (and pod) label is the one Prometheus adds from the ServiceMonitor/PodMonitor.
 NAMESPACE = 'namespace=~"$namespace"'
 ROUTE = f'{NAMESPACE}, route=~"$route"'
-SEMANTIC = f'{ROUTE}, model=~"$model"'
-GEN_AI = f'{ROUTE}, gen_ai_request_model=~"$model"'
+PROVIDER = 'provider=~"$provider"'
+SEMANTIC = f'{ROUTE}, model=~"$model", {PROVIDER}'
+GEN_AI = f'{ROUTE}, gen_ai_request_model=~"$model", {PROVIDER}'
 
 GREEN = "green"
 ORANGE = "orange"
@@ -104,7 +106,8 @@ def scalar_threshold(name: str) -> float:
 
 
 def variables(*, route_and_model: bool) -> list[cogbuilder.Builder[model.VariableModel]]:
-    """Datasource and namespace always; route and model where the metrics carry them.
+    """Datasource and namespace always; route, model and provider where the metrics carry
+    them.
 
     Every query variable is multi-select with an "All" of ``.*``, so an unset label (no
     namespace outside Kubernetes) still matches.
@@ -128,6 +131,13 @@ def variables(*, route_and_model: bool) -> list[cogbuilder.Builder[model.Variabl
                 "model",
                 "Model",
                 f"label_values(semantic_health_requests_total{{{ROUTE}}}, model)",
+            )
+        )
+        out.append(
+            _query_variable(
+                "provider",
+                "Provider",
+                f"label_values(semantic_health_requests_total{{{ROUTE}}}, provider)",
             )
         )
     return out

@@ -398,6 +398,7 @@ def test_named_series_match_prometheus_by_hand(pushed: Pushed) -> None:
         "gen_ai_request_model": "gpt-4o",
         "gen_ai_response_model": "gpt-4o",
         "prompt_class": "short",
+        "provider": "openai_chat",
         "route": "chat_completions",
         "source": "proxy",
     }

@@ -46,7 +46,7 @@ def test_variables(name: str) -> None:
     variables = {v["name"]: v for v in BOARDS[name]["templating"]["list"]}
     expected = ["datasource", "namespace"]
     if name != "semhealth-agent.json":  # the agent's own metrics carry no route or model
-        expected += ["route", "model"]
+        expected += ["route", "model", "provider"]
     assert list(variables) == expected
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"

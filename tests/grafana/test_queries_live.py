@@ -72,7 +72,12 @@ SCORER_JOB = "semhealth-scorer"
 ENCODER = "default"
 MODELS = ("alpha", "beta")
 ROUTE = "chat_completions"
-VALUES = {"namespace": NAMESPACE, "route": multi(ROUTE), "model": multi(*MODELS)}
+VALUES = {
+    "namespace": NAMESPACE,
+    "route": multi(ROUTE),
+    "model": multi(*MODELS),
+    "provider": multi("openai_chat"),
+}
 
 STALL_THRESHOLD_S = 0.1
 MAX_REQUEST_BYTES = 16384

@@ -19,11 +19,18 @@ from tests.grafana.dashboards import (
     variable_names,
 )
 
-ALL = {"namespace": ".*", "route": ".*", "model": ".*", "datasource": "prometheus"}
+ALL = {
+    "namespace": ".*",
+    "route": ".*",
+    "model": ".*",
+    "provider": ".*",
+    "datasource": "prometheus",
+}
 SELECTED = {
     "namespace": "team-a",
     "route": multi("chat_completions", "responses"),
     "model": multi("gpt-4.1-mini", "claude-3-5-haiku-latest"),
+    "provider": multi("openai_chat", "bedrock_converse"),
     "datasource": "prometheus",
 }
 QUERIES = queries()
@@ -99,6 +106,8 @@ def test_query_filters_by_every_variable_its_metric_carries(query: Query) -> Non
             wanted["model"] = "<model>"
         if "model" in defined and "gen_ai_request_model" in labels:
             wanted["gen_ai_request_model"] = "<model>"
+        if "provider" in defined and "provider" in labels:
+            wanted["provider"] = "<provider>"
         held = matchers(selector)
         assert {key: held.get(key) for key in wanted} == wanted, selector.name
 

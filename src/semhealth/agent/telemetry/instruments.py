@@ -59,8 +59,12 @@ SOURCE = "source"  # proxy | otlp: which tap built the record
 VARIANT = "variant"
 
 _SEMANTIC = (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, SOURCE, VARIANT)
+# PROVIDER (the wire format, as on the semantic series) beside the conventions' provider name:
+# one provider variable filters every dashboard panel, and it adds no series (one follows
+# from the other).
 _GEN_AI = (
-    OPERATION, GEN_AI_PROVIDER, REQUEST_MODEL, RESPONSE_MODEL, ROUTE, PROMPT_CLASS, SOURCE, VARIANT
+    OPERATION, GEN_AI_PROVIDER, REQUEST_MODEL, RESPONSE_MODEL, ROUTE, PROMPT_CLASS, SOURCE,
+    PROVIDER, VARIANT,
 )  # fmt: skip
 # Live shadowing's pair measures: a first divergence is a token position.
 _FIRST_DIVERGENCE = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)

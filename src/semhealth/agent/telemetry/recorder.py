@@ -186,6 +186,7 @@ class Recorder:
         gen_ai: dict[str, AttributeValue] = {
             m.OPERATION: operation_name(record.provider),
             m.GEN_AI_PROVIDER: gen_ai_provider(record.provider),
+            m.PROVIDER: semantic[m.PROVIDER],
             m.REQUEST_MODEL: request_model,
             m.RESPONSE_MODEL: model,
             m.ROUTE: route,

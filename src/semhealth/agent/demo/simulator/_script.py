@@ -39,11 +39,11 @@ class Script:
     is ``stop``, ``length`` or ``tool_calls`` (None: ``tool_calls`` when a tool is scripted,
     else ``stop``). ``input_tokens`` None estimates from the request body size;
     ``output_tokens`` None counts the deltas; ``reasoning_tokens``, the part of them the model
-    spent reasoning, is reported where the wire format has a field for it. A ``status`` outside 2xx answers a
-    provider-shaped error body of type ``error`` (None: the usual type for the status) after
-    ``ttft_s``. ``die_after`` closes the TCP connection after that many deltas, without the
-    stream's end markers (a non-streamed body is cut in half). ``model`` None echoes the
-    request's model.
+    spent reasoning, is reported where the wire format has a field for it. A ``status``
+    outside 2xx answers a provider-shaped error body of type ``error`` (None: the usual type
+    for the status) after ``ttft_s``. ``die_after`` closes the TCP connection after that many
+    deltas, without the stream's end markers (a non-streamed body is cut in half). ``model``
+    None echoes the request's model.
     """
 
     pieces: tuple[str, ...] = ()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import anthropic
 import boto3
 import cohere
 import openai
@@ -466,3 +467,69 @@ async def test_openai_reasoning_tokens_reach_metrics_through_the_azure_sdk() -> 
     usage = chunks[-1]["usage"]
     assert usage["completion_tokens_details"]["reasoning_tokens"] == 20
     assert (record.usage.output_tokens, record.usage.reasoning_tokens) == (27, 20)
+
+
+# --------------------------------------------------------------------------- provider-run tools
+
+
+def _anthropic_sse(*events: dict[str, Any]) -> tuple[bytes, ...]:
+    return tuple(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+_SEARCHED = _anthropic_sse(
+    {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+     "model": "claude-test", "content": [], "stop_reason": None, "stop_sequence": None,
+     "usage": {"input_tokens": 12, "output_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "server_tool_use",
+     "id": "srvtoolu_1", "name": "web_search", "input": {}}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta",
+     "partial_json": '{"query": "capital of France"}'}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {
+     "type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}},
+    {"type": "content_block_stop", "index": 1},
+    {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Paris."}},
+    {"type": "content_block_stop", "index": 2},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+     "usage": {"output_tokens": 9}},
+    {"type": "message_stop"},
+)  # fmt: skip
+
+
+def _claude_searching(base_url: str) -> list[dict[str, Any]]:
+    client = anthropic.Anthropic(api_key="test-key", base_url=base_url, max_retries=0)
+    with client.messages.stream(
+        model="claude-test",
+        max_tokens=64,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=[{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}],
+    ) as stream:
+        return [event.model_dump() for event in stream]
+
+
+async def test_a_tool_the_provider_ran_is_counted_by_kind_and_never_judged() -> None:
+    def searched(_request: ScriptRequest) -> RawScript:
+        return RawScript(chunks=_SEARCHED, ttft_s=TTFT_S, gaps_s=0.01,
+                         content_type="text/event-stream")  # fmt: skip
+
+    async with running_stack(searched) as stack:
+        direct, proxied = await _both(_claude_searching, stack)
+        (record,) = await stack.wait_records(1)
+        metrics = stack.agent.telemetry.render_prometheus().decode()
+    assert proxied == direct
+    assert record.provider == "anthropic_messages" and record.output_text == "Paris."
+    assert record.provider_tools == ("web_search",)
+    assert record.tool_calls == () and record.validity == ()
+    (calls,) = [
+        s
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "semantic_health_provider_tool_calls"
+        for s in family.samples
+        if s.name.endswith("_total")
+    ]
+    assert (calls.labels["tool_kind"], calls.labels["provider"], calls.value) == (
+        "web_search",
+        "anthropic_messages",
+        1.0,
+    )

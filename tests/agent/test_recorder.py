@@ -279,6 +279,16 @@ def test_reasoning_tokens_are_recorded_apart_and_stay_inside_output_tokens() -> 
     assert usage == {"input": 10, "output": 40}
 
 
+def test_tools_the_provider_ran_are_counted_by_kind() -> None:
+    recorder, reader = _recording()
+    recorder.consume_record(_record(provider_tools=("web_search", "code_execution", "web_search")))
+    points = _points(reader)["semantic_health_provider_tool_calls"]
+    assert {p.attributes["tool_kind"]: p.value for p in points} == {
+        "web_search": 2,
+        "code_execution": 1,
+    }
+
+
 def test_a_provider_that_reports_no_reasoning_count_opens_no_reasoning_series() -> None:
     recorder, reader = _recording()
     recorder.consume_record(_record(usage=Usage(10, 40)))

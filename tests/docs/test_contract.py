@@ -313,6 +313,7 @@ OPTIONAL_HERE = {
     "semhealth_otlp_shed_total": "by reason, and nothing overloads the OTLP analysis queue here",
     "semhealth_requests_unanalysed_total": "by reason, and no request is over the tap budget here",
     "semhealth_shadow_shed_total": "by reason, and no shadowed request is over budget here",
+    "semantic_health_provider_tool_calls_total": "by tool kind, and no provider runs a tool here",
 }
 
 

@@ -246,6 +246,7 @@ class StreamCollector:
             first_reasoning_ns=state.first_reasoning_ns,
             output_text=state.output_text,
             tool_calls=state.tool_calls(),
+            provider_tools=tuple(state.provider_tools),
             usage=Usage(state.usage_in, state.usage_out, state.usage_reasoning),
             finish_reason=state.finish_reason,
             done=state.done,

@@ -40,6 +40,51 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+PROVIDER_TOOL_KINDS = (
+    "web_search",
+    "web_fetch",
+    "code_execution",
+    "file_search",
+    "image_generation",
+    "mcp",
+    "other",
+)
+"""What a provider-executed tool did, in one vocabulary over every provider: a bounded set,
+so it can be a label."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderToolCall:
+    """A tool the provider ran itself (Anthropic ``server_tool_use``, OpenAI's built-in tools,
+    Gemini's code execution and search grounding): not the caller's tool call, so never
+    validated against the request's ``tools``; counted by ``kind`` (one of
+    ``PROVIDER_TOOL_KINDS``)."""
+
+    kind: str
+
+
+def provider_tool_kind(name: str | None) -> str:
+    """The kind of a provider's own tool name (``web_search_20250305``, ``bash_code_execution``,
+    ``code_interpreter_call``, ...), ``other`` for one not known."""
+    if not name:
+        return "other"
+    for kind, words in _TOOL_WORDS:
+        if any(word in name for word in words):
+            return kind
+    return "other"
+
+
+# Substrings of the providers' tool names (their versions come as suffixes), most specific first.
+_TOOL_WORDS = (
+    ("web_fetch", ("web_fetch", "url_context")),
+    ("web_search", ("web_search", "google_search", "grounding")),
+    ("code_execution", ("code_execution", "code_interpreter", "executable_code")),
+    ("file_search", ("file_search", "retrieval")),
+    ("image_generation", ("image_generation",)),
+    ("mcp", ("mcp",)),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class UsageReport:
     """Token usage the stream reported. Later reports fill in or replace earlier fields."""
@@ -90,6 +135,7 @@ AdapterEvent = (
     ContentDelta
     | ReasoningDelta
     | ToolCallDelta
+    | ProviderToolCall
     | UsageReport
     | ModelReport
     | Finish

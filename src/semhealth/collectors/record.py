@@ -23,6 +23,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     ToolCallDelta,
@@ -143,6 +144,7 @@ class StreamRecord:
     first_reasoning_ns: int | None = None  # first reasoning delta (thinking), not in delta_ns
     output_text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    provider_tools: tuple[str, ...] = ()  # kinds of the tools the provider ran, in order
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     done: bool = False  # the provider's explicit end-of-stream marker was seen
@@ -208,6 +210,7 @@ class StreamState:
         "finish_reason",
         "first_reasoning_ns",
         "malformed",
+        "provider_tools",
         "usage_in",
         "usage_out",
         "usage_reasoning",
@@ -226,6 +229,7 @@ class StreamState:
         self.done = False
         self.errors: list[str] = []
         self.malformed = 0
+        self.provider_tools: list[str] = []
 
     @property
     def model(self) -> str | None:
@@ -251,6 +255,8 @@ class StreamState:
                 if args:
                     slot[2].append(args)
                     self.delta_ns.append(t)
+            case ProviderToolCall(kind=kind):
+                self.provider_tools.append(kind)
             case ReasoningDelta(t=t):
                 if self.first_reasoning_ns is None:
                     self.first_reasoning_ns = t

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from semhealth.collectors.adapters.anthropic_messages import AnthropicMessagesAdapter
 from semhealth.collectors.events import (
     AdapterEvent,
@@ -10,6 +14,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     ToolCallDelta,
@@ -206,7 +211,49 @@ def test_server_tool_input_is_not_a_tool_call() -> None:
         '{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta",'
         '"partial_json":"{\\"query\\": \\"x\\"}"}}'
     )
-    assert adapter.feed(Frame(data=start, t=1)) + adapter.feed(Frame(data=delta, t=2)) == []
+    events = adapter.feed(Frame(data=start, t=1)) + adapter.feed(Frame(data=delta, t=2))
+    assert events == [ProviderToolCall("web_search")]
+
+
+@pytest.mark.parametrize(
+    ("block", "kind"),
+    [
+        ('{"type":"server_tool_use","id":"s","name":"web_search","input":{}}', "web_search"),
+        ('{"type":"server_tool_use","id":"s","name":"web_fetch","input":{}}', "web_fetch"),
+        (
+            '{"type":"server_tool_use","id":"s","name":"code_execution","input":{}}',
+            "code_execution",
+        ),
+        (
+            '{"type":"server_tool_use","id":"s","name":"bash_code_execution","input":{}}',
+            "code_execution",
+        ),
+        ('{"type":"server_tool_use","id":"s","name":"tool_search_tool_regex","input":{}}', "other"),
+        ('{"type":"mcp_tool_use","id":"m","name":"echo","server_name":"x","input":{}}', "mcp"),
+    ],
+)
+def test_each_tool_anthropic_runs_is_counted_by_its_kind(block: str, kind: str) -> None:
+    start = f'{{"type":"content_block_start","index":0,"content_block":{block}}}'
+    assert AnthropicMessagesAdapter().feed(Frame(data=start, t=1)) == [ProviderToolCall(kind)]
+
+
+def test_a_whole_message_counts_its_server_tools_and_keeps_its_tool_calls_apart() -> None:
+    body = {
+        "type": "message",
+        "model": "claude",
+        "stop_reason": "tool_use",
+        "content": [
+            {"type": "server_tool_use", "id": "s", "name": "web_search", "input": {"query": "x"}},
+            {"type": "web_search_tool_result", "tool_use_id": "s", "content": []},
+            {"type": "text", "text": "Found it."},
+            {"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}},
+        ],
+    }
+    state = StreamState()
+    for event in AnthropicMessagesAdapter().feed(Frame(data=json.dumps(body), t=1)):
+        state.apply(event)
+    assert state.provider_tools == ["web_search"]
+    assert [(c.name, c.arguments) for c in state.tool_calls()] == [("f", '{"a":1}')]
 
 
 def test_input_json_for_unstarted_block_gets_a_tool_index() -> None:

@@ -18,6 +18,7 @@ from semhealth.collectors.events import (
     Done,
     Finish,
     Malformed,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     UsageReport,
@@ -49,6 +50,27 @@ def _tools(events: list[AdapterEvent]) -> list[tuple[str | None, str]]:
 def test_gemini_thought_parts_are_reasoning_and_text_parts_content() -> None:
     events = _gemini(_parts({"text": "hmm", "thought": True}), _parts({"text": "Paris"}))
     assert events == [ReasoningDelta(0), ContentDelta("Paris", 1)]
+
+
+def test_gemini_code_execution_is_a_provider_tool_and_never_a_tool_call() -> None:
+    events = _gemini(
+        _parts({"executableCode": {"language": "PYTHON", "code": "print(6*7)"}}),
+        _parts({"codeExecutionResult": {"outcome": "OUTCOME_OK", "output": "42"}}),
+        _parts({"text": "42"}),
+    )
+    assert events == [ProviderToolCall("code_execution"), ContentDelta("42", 2)]
+    assert _tools(events) == []
+
+
+def test_gemini_search_grounding_counts_each_query_once_though_its_metadata_repeats() -> None:
+    grounding = {"webSearchQueries": ["capital of France", "Paris"], "groundingChunks": []}
+    urls = {"urlMetadata": [{"retrievedUrl": "https://example.com"}]}
+    events = _gemini(
+        _parts({"text": "Paris"}, groundingMetadata=grounding, urlContextMetadata=urls),
+        _parts({"text": "."}, groundingMetadata=grounding, urlContextMetadata=urls),
+    )
+    tools = [e.kind for e in events if isinstance(e, ProviderToolCall)]
+    assert tools == ["web_search", "web_search", "web_fetch"]
 
 
 def test_gemini_usage_counts_thoughts_as_output_and_apart_as_reasoning() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from semhealth.collectors.adapters.openai_responses import OpenAIResponsesAdapter
 from semhealth.collectors.events import (
     AdapterEvent,
@@ -10,6 +14,7 @@ from semhealth.collectors.events import (
     Finish,
     Malformed,
     ModelReport,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     ToolCallDelta,
@@ -313,3 +318,56 @@ def test_bad_json_is_malformed_json() -> None:
         data='{"type":"response.output_text.delta",', t=1, event="response.output_text.delta"
     )
     assert OpenAIResponsesAdapter().feed(frame) == [Malformed("json")]
+
+
+@pytest.mark.parametrize(
+    ("item_type", "kind"),
+    [
+        ("web_search_call", "web_search"),
+        ("file_search_call", "file_search"),
+        ("code_interpreter_call", "code_execution"),
+        ("image_generation_call", "image_generation"),
+        ("mcp_call", "mcp"),
+    ],
+)
+def test_each_built_in_tool_openai_runs_is_counted_by_its_kind(item_type: str, kind: str) -> None:
+    added = {
+        "type": "response.output_item.added",
+        "output_index": 0,
+        "item": {"type": item_type, "id": "x", "status": "in_progress"},
+    }
+    events = OpenAIResponsesAdapter().feed(Frame(data=json.dumps(added), t=1))
+    assert events == [ProviderToolCall(kind)]
+
+
+def test_a_built_in_tool_is_not_a_tool_call_and_does_not_shift_the_tool_index() -> None:
+    frames = [
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {"type": "web_search_call", "id": "ws", "status": "in_progress"}},
+        {"type": "response.output_item.added", "output_index": 1,
+         "item": {"type": "function_call", "call_id": "c", "name": "f", "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "output_index": 1, "delta": "{}"},
+    ]  # fmt: skip
+    adapter, state = OpenAIResponsesAdapter(), StreamState()
+    for t, frame in enumerate(frames):
+        for event in adapter.feed(Frame(data=json.dumps(frame), t=t)):
+            state.apply(event)
+    assert state.provider_tools == ["web_search"]
+    assert [(c.index, c.name, c.arguments) for c in state.tool_calls()] == [(0, "f", "{}")]
+
+
+def test_a_whole_response_counts_its_built_in_tools() -> None:
+    body = {
+        "object": "response",
+        "status": "completed",
+        "model": "gpt",
+        "output": [
+            {"type": "code_interpreter_call", "id": "ci", "status": "completed"},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "42"}]},
+        ],
+    }  # fmt: skip
+    state = StreamState()
+    for event in OpenAIResponsesAdapter().feed(Frame(data=json.dumps(body), t=1)):
+        state.apply(event)
+    assert state.provider_tools == ["code_execution"] and state.output_text == "42"

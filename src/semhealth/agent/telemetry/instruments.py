@@ -43,6 +43,7 @@ Kind = Literal["counter", "histogram"]
 ROUTE = "route"
 MODEL = "model"
 PROVIDER = "provider"
+TOOL_KIND = "tool_kind"
 PROMPT_CLASS = "prompt_class"
 STATUS_CLASS = "status_class"
 ERROR_TYPE = "error_type"
@@ -105,6 +106,10 @@ SPECS = (
     Spec("semantic_health_answer_relevance_score", "histogram", "",
          "Calibrated relevance (0..1) of the answer to the user's query.",
          _SEMANTIC, buckets.RELEVANCE),
+    Spec("semantic_health_provider_tool_calls", "counter", "",
+         "Tools the provider ran itself (web search and fetch, code execution, file search, "
+         "image generation, remote MCP), by kind; never the caller's tool calls.",
+         (*_SEMANTIC, TOOL_KIND)),
     Spec("semantic_health_requests", "counter", "",
          "Exchanges relayed, by status class and error type (429s split by X-RateLimit-Source).",
          (ROUTE, MODEL, PROVIDER, PROMPT_CLASS, SOURCE, STATUS_CLASS, ERROR_TYPE, VARIANT)),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -199,6 +200,10 @@ class Recorder:
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )
         self._emit("request_success_rate", 0.0 if failure else 1.0, semantic)
+        for kind, calls in Counter(record.provider_tools).items():
+            self._c["semantic_health_provider_tool_calls"].add(
+                calls, {**semantic, m.TOOL_KIND: kind}
+            )
         self._record_gen_ai(record, gen_ai, failure)
         if record.continuity is not None:
             self._record_continuity(record.continuity, semantic)

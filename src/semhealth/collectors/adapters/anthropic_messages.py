@@ -8,7 +8,8 @@ Streaming: SSE events ``message_start``, ``content_block_start/delta/stop``,
 Decisions:
 - Tool index = order of ``tool_use`` blocks; content-block indices (which also
   count text and thinking blocks) map to it. ``server_tool_use`` blocks (web
-  search, code execution run by Anthropic) are not the caller's tool calls.
+  search, code execution run by Anthropic) and ``mcp_tool_use`` blocks are not the
+  caller's tool calls: each is one provider tool call, of the kind its name says.
 - Thinking is not content: the user does not read it as the answer. It is timed
   (``ReasoningDelta``).
 - Input tokens = ``input_tokens`` + cache creation + cache reads, because
@@ -56,9 +57,11 @@ from semhealth.collectors.events import (
     ContentDelta,
     Done,
     Finish,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     ToolCallDelta,
+    provider_tool_kind,
 )
 from semhealth.collectors.frames import Frame
 from semhealth.collectors.record import StructureRequest
@@ -122,6 +125,8 @@ class AnthropicMessagesAdapter(FrameAdapter):
                 ToolCallDelta(index=tool, t=t, id=opt_str(block, "id"), name=opt_str(block, "name"))
             ]
         self._blocks[index] = None
+        if kind in _PROVIDER_TOOL_BLOCKS:
+            return [_provider_tool(block)]
         text = opt_str(block, "text") if kind == "text" else None
         return [ContentDelta(text, t)] if text else []
 
@@ -161,6 +166,8 @@ class AnthropicMessagesAdapter(FrameAdapter):
                 texts.append(opt_str(block, "text") or "")
             elif kind == "tool_use":
                 tools.append(_whole_tool_call(len(tools), block, t))
+            elif kind in _PROVIDER_TOOL_BLOCKS:
+                out.append(_provider_tool(block))
         text = "".join(texts)
         if text:
             out.append(ContentDelta(text, t))
@@ -169,6 +176,17 @@ class AnthropicMessagesAdapter(FrameAdapter):
         out += _usage(message)
         out.append(Done())
         return out
+
+
+# Tools Anthropic runs: its server tools (web search and fetch, code execution, ...) and the
+# MCP connector's remote servers.
+_PROVIDER_TOOL_BLOCKS = frozenset({"server_tool_use", "mcp_tool_use"})
+
+
+def _provider_tool(block: JsonObject) -> ProviderToolCall:
+    if opt_str(block, "type") == "mcp_tool_use":
+        return ProviderToolCall("mcp")
+    return ProviderToolCall(provider_tool_kind(opt_str(block, "name")))
 
 
 def _block_index(obj: JsonObject) -> int:

@@ -8,7 +8,9 @@ Decisions:
 - Only candidate 0 feeds the content stream, as with OpenAI's choice 0.
 - Parts marked ``thought`` are reasoning: timed, never content.
 - ``executableCode`` and ``codeExecutionResult`` parts are run by Google, not by the
-  caller: they are not the caller's tool calls and are never validated.
+  caller: they are not the caller's tool calls and are never validated; each
+  ``executableCode`` is one ``code_execution`` provider tool call. Search grounding counts
+  one ``web_search`` per ``webSearchQueries`` entry, URL context one ``web_fetch`` per URL.
 - A ``functionCall`` part is a tool call. Whole (``args``) it is one delta. Streamed
   (Gemini 3's ``partialArgs``: a JSON path and one typed value each, ``willContinue``
   until the last), the call's name comes first and its arguments are assembled here into
@@ -67,6 +69,7 @@ from semhealth.collectors.events import (
     ContentDelta,
     Done,
     Finish,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     ToolCallDelta,
@@ -85,6 +88,8 @@ class GeminiAdapter(FrameAdapter):
         super().__init__()
         self._calls = 0  # function calls seen, in order: the tool index
         self._open: _StreamedCall | None = None  # a call whose arguments are still streaming
+        self._searched = False
+        self._fetched = False
 
     def _parse(self, frame: Frame) -> list[AdapterEvent]:
         value = load_json(frame.data)
@@ -110,6 +115,7 @@ class GeminiAdapter(FrameAdapter):
             content = opt_object(candidate, "content") or {}
             for part in objects(opt_list(content, "parts") or []):
                 self._part(part, t, out)
+            self._grounding(candidate, out)
             reason = opt_str(candidate, "finishReason")
             if reason and reason != "FINISH_REASON_UNSPECIFIED":
                 out.append(Finish(_FINISH.get(reason, reason.lower())))
@@ -137,6 +143,9 @@ class GeminiAdapter(FrameAdapter):
         if call is not None:
             out.extend(self._function_call(call, t))
             return
+        if opt_object(part, "executableCode") is not None:
+            out.append(ProviderToolCall("code_execution"))
+            return
         text = opt_str(part, "text")
         if not text:
             return
@@ -144,6 +153,20 @@ class GeminiAdapter(FrameAdapter):
             out.append(ReasoningDelta(t))
         else:
             out.append(ContentDelta(text, t))
+
+    def _grounding(self, candidate: JsonObject, out: list[AdapterEvent]) -> None:
+        """Google Search and URL context, run by Google: one search per query, one fetch per
+        URL. Their metadata may repeat on later chunks; the first that carries it counts."""
+        if not self._searched:
+            grounding = opt_object(candidate, "groundingMetadata") or {}
+            queries = opt_list(grounding, "webSearchQueries") or []
+            out.extend(ProviderToolCall("web_search") for _ in queries)
+            self._searched = bool(queries)
+        if not self._fetched:
+            context = opt_object(candidate, "urlContextMetadata") or {}
+            urls = opt_list(context, "urlMetadata") or []
+            out.extend(ProviderToolCall("web_fetch") for _ in urls)
+            self._fetched = bool(urls)
 
     def _function_call(self, call: JsonObject, t: int) -> list[AdapterEvent]:
         name = opt_str(call, "name")

@@ -12,6 +12,8 @@ Decisions:
 - Finish: ``completed`` is ``tool_calls`` when the response called a function,
   else ``stop``; ``incomplete`` maps ``max_output_tokens`` to ``length``.
 - ``refusal`` deltas are content, as in the Chat Completions adapter.
+- Built-in tools OpenAI runs (web and file search, code interpreter, image generation,
+  remote MCP) are one provider tool call each, when their output item is added.
 - A body still ``queued``/``in_progress`` (background mode) has no ``Done``.
 """
 
@@ -52,6 +54,7 @@ from semhealth.collectors.events import (
     ContentDelta,
     Done,
     Finish,
+    ProviderToolCall,
     ReasoningDelta,
     StreamError,
     ToolCallDelta,
@@ -68,6 +71,15 @@ _REASONING_DELTAS = frozenset(
     {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
 )
 _TOOL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+# Built-in tools OpenAI runs itself. The computer and local-shell calls are the caller's to run
+# (and carry no JSON arguments to check): neither kind.
+_PROVIDER_TOOL_ITEMS = {
+    "web_search_call": "web_search",
+    "file_search_call": "file_search",
+    "code_interpreter_call": "code_execution",
+    "image_generation_call": "image_generation",
+    "mcp_call": "mcp",
+}
 _TERMINAL = {
     "response.completed": "completed",
     "response.incomplete": "incomplete",
@@ -109,7 +121,10 @@ class OpenAIResponsesAdapter(FrameAdapter):
 
     def _item_added(self, obj: JsonObject, t: int) -> list[AdapterEvent]:
         item = _item(obj)
-        if opt_str(item, "type") not in _TOOL_ITEMS:
+        kind = opt_str(item, "type")
+        if kind in _PROVIDER_TOOL_ITEMS:
+            return [ProviderToolCall(_PROVIDER_TOOL_ITEMS[kind])]
+        if kind not in _TOOL_ITEMS:
             return []
         index = self._tool(_output_index(obj))
         arguments = opt_str(item, "arguments") or opt_str(item, "input") or ""
@@ -152,6 +167,8 @@ class OpenAIResponsesAdapter(FrameAdapter):
                 texts += _message_texts(item)
             elif kind in _TOOL_ITEMS:
                 tools.append(_whole_tool_call(len(tools), item, t))
+            elif kind in _PROVIDER_TOOL_ITEMS:
+                out.append(ProviderToolCall(_PROVIDER_TOOL_ITEMS[kind]))
         text = "".join(texts)
         if text:
             out.append(ContentDelta(text, t))

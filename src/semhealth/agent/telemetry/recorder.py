@@ -39,7 +39,9 @@ _ALERT_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS, m.VARIANT)
 
 class LabelGuard:
     """Bounded label values: the first ``max_values`` distinct values of a key pass, later ones
-    fold into ``other``. Routes are bounded by configuration; models are what this guards."""
+    fold into ``other``. Routes are bounded by configuration; what this guards is every label
+    whose values come from traffic: the model, the provider a GenAI span names, and the error
+    type (an upstream's error code, or its ``X-RateLimit-Source`` header)."""
 
     def __init__(self, max_values: int) -> None:
         self._max = max_values
@@ -158,7 +160,7 @@ class Recorder:
         return {
             m.ROUTE: self.guard.fold(m.ROUTE, record.route),
             m.MODEL: self.guard.fold(m.MODEL, record.model),
-            m.PROVIDER: record.provider,
+            m.PROVIDER: self.guard.fold(m.PROVIDER, record.provider),
             m.PROMPT_CLASS: record.prompt_class,
             m.SOURCE: record.source,
             **self._variant,
@@ -186,7 +188,7 @@ class Recorder:
         request_model = self.guard.fold(m.MODEL, record.request.model or record.model)
         gen_ai: dict[str, AttributeValue] = {
             m.OPERATION: operation_name(record.provider),
-            m.GEN_AI_PROVIDER: gen_ai_provider(record.provider),
+            m.GEN_AI_PROVIDER: gen_ai_provider(str(semantic[m.PROVIDER])),
             m.PROVIDER: semantic[m.PROVIDER],
             m.REQUEST_MODEL: request_model,
             m.RESPONSE_MODEL: model,
@@ -195,7 +197,9 @@ class Recorder:
             m.SOURCE: record.source,
             **self._variant,
         }
-        failure = error_type(record)
+        # "" (a success) is no error type: it never takes one of the guard's places.
+        kind = error_type(record)
+        failure = self.guard.fold(m.ERROR_TYPE, kind) if kind else ""
         self._c["semantic_health_requests"].add(
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )

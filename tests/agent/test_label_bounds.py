@@ -1,0 +1,69 @@
+"""Every label whose values come from traffic is bounded by ``telemetry.max_label_values``,
+through the real sidecar: an upstream that names a new ``X-RateLimit-Source`` on every 429,
+and models that change on every answer, fold into ``other`` past the limit."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from semhealth.agent.demo.simulator import Script, ScriptRequest
+from tests.agent.conftest import running_stack
+
+LIMIT = 5
+REQUESTS = 30
+
+
+def _label_values(metrics: str, family: str, label: str) -> set[str]:
+    return {
+        sample.labels[label]
+        for parsed in text_string_to_metric_families(metrics)
+        if parsed.name == family
+        for sample in parsed.samples
+        if label in sample.labels
+    }
+
+
+async def test_thirty_ratelimit_sources_fold_into_five_error_types_and_other() -> None:
+    serial = iter(range(REQUESTS))
+
+    def throttled(_request: ScriptRequest) -> Script:
+        source = "src" + "abcdefghijklmnopqrstuvwxyzABCDEFGH"[next(serial)]
+        return Script(status=429, headers={"X-RateLimit-Source": source})
+
+    settings = {"telemetry.max_label_values": LIMIT}
+    async with running_stack(throttled, **settings) as stack, aiohttp.ClientSession() as client:
+        for _ in range(REQUESTS):
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            async with client.post(stack.agent.proxy_url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 429
+        await stack.wait_records(REQUESTS)
+        metrics = stack.agent.telemetry.render_prometheus().decode()
+    error_types = _label_values(metrics, "semantic_health_requests", "error_type")
+    assert len(error_types) == LIMIT + 1 and "other" in error_types
+    assert {e for e in error_types if e != "other"} == {f"429_src{c}" for c in "abcde"}
+    durations = _label_values(metrics, "gen_ai_client_operation_duration_seconds", "error_type")
+    assert durations == error_types
+
+
+async def test_thirty_models_fold_into_five_and_other_on_every_series() -> None:
+    serial = iter(range(REQUESTS))
+
+    def renamed(_request: ScriptRequest) -> Script:
+        return Script(pieces=("ok",), model=f"model-{next(serial):02d}")
+
+    settings = {"telemetry.max_label_values": LIMIT}
+    async with running_stack(renamed, **settings) as stack, aiohttp.ClientSession() as client:
+        for _ in range(REQUESTS):
+            # No model asked for: the request model is the answer's (one guard for both).
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            async with client.post(stack.agent.proxy_url + "/v1/chat/completions", json=body) as r:
+                await r.read()
+        await stack.wait_records(REQUESTS)
+        metrics = stack.agent.telemetry.render_prometheus().decode()
+    models = _label_values(metrics, "semantic_health_requests", "model")
+    assert models == {f"model-{i:02d}" for i in range(LIMIT)} | {"other"}
+    responses = _label_values(
+        metrics, "gen_ai_client_operation_duration_seconds", "gen_ai_response_model"
+    )
+    assert responses == models

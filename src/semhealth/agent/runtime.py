@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -87,11 +88,49 @@ def parse_child_args(prog: str, argv: Sequence[str]) -> tuple[argparse.Namespace
     return own, RunArgs(config=own.config, overrides=own.overrides, record=record)
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def setup_logging(level: str, log_format: str = "text") -> None:
+    """The root logger at ``level``, writing to stderr as ``log.format`` says: ``text`` for
+    people, ``json`` for log collectors (one object per line, see ``JsonFormatter``)."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+
+
+# What every LogRecord holds; anything else on a record came from ``extra=`` at the call site.
+_STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (RFC 3339, UTC), ``level``, ``logger``, ``message``,
+    the fields a call passed as ``extra=``, and ``exception`` when there is one.
+
+    The message is the one the code wrote, as in text: semhealth's log lines hold sizes,
+    counts and names, never prompt or response text (a test streams a canary and looks for it
+    in every line), so JSON changes the shape, not what is said.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": self._time(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD_ATTRIBUTES and not key.startswith("_"):
+                line[key] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+    @staticmethod
+    def _time(record: logging.LogRecord) -> str:
+        seconds = int(record.created)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        return f"{stamp}.{int(record.msecs):03d}Z"
 
 
 def stop_on_signals(on_hangup: Callable[[], None] | None = None) -> asyncio.Event:

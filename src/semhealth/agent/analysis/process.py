@@ -38,7 +38,7 @@ async def serve(own: argparse.Namespace, run: RunArgs) -> int:
 
     os.nice(ANALYSIS_NICENESS)
     config = load_config(run.config, os.environ, dict(run.overrides))
-    setup_logging(config.log.level)
+    setup_logging(config.log.level, config.log.format)
     reloads: set[asyncio.Task[None]] = set()
     failed: list[str] = []
 

@@ -150,7 +150,7 @@ def run_args(args: argparse.Namespace) -> RunArgs:
 
 async def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, os.environ, overrides(args))
-    setup_logging(config.log.level)
+    setup_logging(config.log.level, config.log.format)
     warn_missing_config(args)
     # A --record file that cannot be written stops start-up here, said plainly.
     replay_cli.check_record_file(args)

@@ -19,7 +19,7 @@ from semhealth.agent.runtime import RunArgs, run_child, serve_until_stopped, set
 
 async def serve(own: argparse.Namespace, run: RunArgs) -> int:
     config = load_config(run.config, os.environ, dict(run.overrides))
-    setup_logging(config.log.level)
+    setup_logging(config.log.level, config.log.format)
     workers = resolve_workers(config.dataplane.workers)
     settings = forwarder_settings(config, workers=workers, child_args=(), limits=hardening(config))
     forwarder = Forwarder(settings, worker=own.worker, runtime_dir=os.path.dirname(own.tap_socket))

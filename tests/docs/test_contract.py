@@ -169,8 +169,12 @@ def _script(request: ScriptRequest) -> Script:
     if body.get("response_format"):  # structured output cut short: invalid JSON
         return Script(pieces=('{"a": ', "1"), ttft_s=0.02, gaps_s=0.01)
     # A stall (a gap past the 0.5 s threshold) in every plain stream.
+    # One of its output tokens spent reasoning: the reasoning-token family has a value.
     return Script(
-        pieces=("Paris ", "is ", "the ", "capital."), ttft_s=0.02, gaps_s=(0.01, 0.6, 0.01)
+        pieces=("Paris ", "is ", "the ", "capital."),
+        ttft_s=0.02,
+        gaps_s=(0.01, 0.6, 0.01),
+        reasoning_tokens=1,
     )
 
 

@@ -16,7 +16,12 @@ from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.diff import default_segmenter
-from semhealth.agent.shadow.offline import Candidate, diff_candidate, diff_recordings
+from semhealth.agent.shadow.offline import (
+    Candidate,
+    candidate_url,
+    diff_candidate,
+    diff_recordings,
+)
 from semhealth.agent.shadow.pairs import PairResult
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
@@ -89,6 +94,9 @@ async def test_a_candidate_that_differs_by_one_word_gives_the_known_measures(
     finally:
         await primary.shutdown()
         await candidate.shutdown()
+    # A base URL ending in /v1, as the docs write it, never doubles the recorded /v1.
+    assert {r.path for r in candidate.received} == {r.path for r in primary.received}
+    assert all(r.path.startswith("/v1/") and "/v1/v1/" not in r.path for r in candidate.received)
     assert compared.problems == []
     assert len(compared.pairs) == 5
     assert {pair.result for pair in compared.pairs} == {"differs"}
@@ -171,6 +179,30 @@ async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path)
     assert "Paris" not in stdout.decode() + out.read_text()  # numbers and ids, never text
 
 
+async def test_a_candidate_that_answers_404_to_everything_is_named_in_the_first_line(
+    tmp_path: Path,
+) -> None:
+    primary = answering(PARIS)
+    missing = SimulatedUpstream(lambda _request: Script(status=404))
+    await primary.start()
+    await missing.start()
+    base = missing.url + "/api"
+    try:
+        recording = tmp_path / "primary.jsonl"
+        await record_traffic(primary.url, recording)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "semhealth.agent.cli", "diff",
+            "--candidate", base, str(recording), "--no-relevance",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
+    finally:
+        await primary.shutdown()
+        await missing.shutdown()
+    first = stdout.decode().splitlines()[0]
+    assert "404 to every request" in first and base in first, stderr.decode()
+
+
 async def test_the_diff_command_wants_two_recordings_or_a_candidate(tmp_path: Path) -> None:
     one = tmp_path / "a.jsonl"
     one.write_text("")
@@ -236,3 +268,24 @@ async def test_diff_on_a_recording_gives_the_pair_measures_live_shadowing_gave(
         await candidate.shutdown()
     assert len(live) == 4
     assert _measures(offline.pairs) == _measures(live)
+
+
+@pytest.mark.parametrize(
+    ("base", "path", "url"),
+    [
+        ("http://c:8000/v1", "/v1/chat/completions", "http://c:8000/v1/chat/completions"),
+        ("http://c:8000/v1/", "/v1/chat/completions", "http://c:8000/v1/chat/completions"),
+        ("http://c:8000", "/v1/chat/completions", "http://c:8000/v1/chat/completions"),
+        ("http://c:8000/", "/v1/messages", "http://c:8000/v1/messages"),
+        ("http://c/openai", "/v1/chat/completions", "http://c/openai/v1/chat/completions"),
+        ("http://c/v1", "/v1beta/models/g:streamGenerateContent?alt=sse",
+         "http://c/v1/v1beta/models/g:streamGenerateContent?alt=sse"),
+        ("http://c/v1", "/v1?x=1", "http://c/v1?x=1"),
+        ("https://c/openai", "/openai/deployments/d/chat/completions?api-version=1",
+         "https://c/openai/deployments/d/chat/completions?api-version=1"),
+    ],
+)  # fmt: skip
+def test_a_candidate_base_url_is_joined_with_a_path_without_doubling_its_prefix(
+    base: str, path: str, url: str
+) -> None:
+    assert candidate_url(base, path) == url

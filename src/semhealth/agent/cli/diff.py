@@ -122,6 +122,10 @@ def main(args: argparse.Namespace) -> int:
     return run_async(run())
 
 
+def _all_not_found(compared: Compared) -> bool:
+    return bool(compared.pairs) and all(pair.shadow.status == 404 for pair in compared.pairs)
+
+
 def _report(args: argparse.Namespace, compared: Compared) -> int:
     import orjson
 
@@ -137,6 +141,12 @@ def _report(args: argparse.Namespace, compared: Compared) -> int:
         print(f"semhealth diff: {compared.unpaired} requests had no partner", file=sys.stderr)
     if compared.relevance_off is not None:
         print(f"semhealth diff: no semantic agreement: {compared.relevance_off}", file=sys.stderr)
+    if args.candidate is not None and _all_not_found(compared):
+        # Said before the table: a wrong base URL makes every row look like a broken model.
+        print(
+            f"semhealth diff: the candidate answered 404 to every request: is {args.candidate} "
+            "the base URL its API is served under?"
+        )
     tolerances = Tolerances()
     summaries = summarise(compared.pairs, tolerances)
     print(table(summaries))

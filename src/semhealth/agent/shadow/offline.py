@@ -20,7 +20,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urljoin
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -124,6 +124,23 @@ def candidate_body(recorded: RecordedExchange, rewrite: str | None) -> bytes | N
     return rewrite_model(recorded.request_body, rewrite)
 
 
+def candidate_url(base_url: str, path: str) -> str:
+    """Where ``path`` (a request's path and query as the client sent them) goes on the
+    candidate at ``base_url``.
+
+    A base URL may end in the API prefix the paths already carry, as providers write their base
+    URLs (``http://candidate:8000/v1`` for ``/v1/chat/completions``): that prefix is not
+    repeated. Any other base path prefixes the request's, as the proxy's upstream URL does.
+    """
+    base = urlsplit(base_url)
+    prefix = base.path.rstrip("/")
+    request_path, _, query = path.partition("?")
+    request_path = "/" + request_path.lstrip("/")
+    if not (request_path == prefix or request_path.startswith(prefix + "/")):
+        request_path = prefix + request_path
+    return urlunsplit((base.scheme, base.netloc, request_path, query, ""))
+
+
 async def send_request(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -139,7 +156,7 @@ async def send_request(
     send through here."""
     sent = {"Content-Type": "application/json", **headers}
     start = time.monotonic_ns()
-    url = urljoin(base_url.rstrip("/") + "/", path.lstrip("/"))
+    url = candidate_url(base_url, path)
     try:
         async with session.request(method, url, data=body, headers=sent) as response:
             exchange = Exchange(

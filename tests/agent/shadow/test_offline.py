@@ -189,7 +189,7 @@ async def test_a_candidate_that_answers_404_to_everything_is_named_in_the_first_
     base = missing.url + "/api"
     try:
         recording = tmp_path / "primary.jsonl"
-        await record_traffic(primary.url, recording)
+        await record_traffic(primary.url, recording, requests=30)  # past min_pairs
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "semhealth.agent.cli", "diff",
             "--candidate", base, str(recording), "--no-relevance",
@@ -199,8 +199,10 @@ async def test_a_candidate_that_answers_404_to_everything_is_named_in_the_first_
     finally:
         await primary.shutdown()
         await missing.shutdown()
-    first = stdout.decode().splitlines()[0]
+    first, _header, row = stdout.decode().splitlines()[:3]
     assert "404 to every request" in first and base in first, stderr.decode()
+    assert row.split()[-1] == "fail"  # every request an error: the error-rate check fails
+    assert process.returncode == 1
 
 
 async def test_the_diff_command_wants_two_recordings_or_a_candidate(tmp_path: Path) -> None:

@@ -144,5 +144,28 @@ def test_a_candidate_past_any_tolerance_fails(
     assert _judge(distance, agree, ttft, failures) == "fail"
 
 
+def test_a_candidate_that_errors_on_every_request_fails_though_nothing_else_was_measured() -> None:
+    verdict = judge(
+        token_distances=[],
+        agreements=[],
+        ttft_ratios=[],
+        candidate_errors=[1.0] * 35,
+        tolerances=Tolerances(),
+    )
+    assert verdict.verdict == "fail"
+    assert [c.passed for c in verdict.checks] == [None, None, None, False]
+
+
+def test_a_measure_that_could_not_be_taken_with_nothing_failed_is_insufficient() -> None:
+    verdict = judge(
+        token_distances=[0.1] * 100,
+        agreements=[],  # relevance off: no agreement to measure
+        ttft_ratios=[1.0] * 100,
+        candidate_errors=[0.0] * 100,
+        tolerances=Tolerances(),
+    )
+    assert verdict.verdict == "insufficient"
+
+
 def test_too_few_pairs_is_no_verdict() -> None:
     assert _judge(0.1, 0.95, 1.0, 0, pairs=5) == "insufficient"

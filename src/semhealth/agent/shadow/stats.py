@@ -59,8 +59,8 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """``pass``, ``fail`` or ``insufficient`` (fewer pairs than ``min_pairs`` or a check
-    that could not be measured), with every check behind it."""
+    """``pass``, ``fail`` or ``insufficient`` (no check failed, and there were fewer pairs than
+    ``min_pairs`` or a check could not be measured), with every check behind it."""
 
     verdict: str
     pairs: int
@@ -117,8 +117,15 @@ def judge(
             _upper_within(errors, tolerances.max_error_rate, enough),
         ),
     )
-    if not enough or any(check.passed is None for check in checks):
-        verdict = "insufficient"
-    else:
-        verdict = "pass" if all(check.passed for check in checks) else "fail"
-    return Verdict(verdict, pairs, checks)
+    return Verdict(_verdict(checks), pairs, checks)
+
+
+def _verdict(checks: Sequence[Check]) -> str:
+    """A check that failed fails the route, whatever else could not be measured (a candidate
+    that errors on every request leaves nothing else to measure); ``insufficient`` only when
+    nothing failed and something could not be said; ``pass`` when every check passed."""
+    if any(check.passed is False for check in checks):
+        return "fail"
+    if any(check.passed is None for check in checks):
+        return "insufficient"
+    return "pass"

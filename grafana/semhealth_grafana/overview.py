@@ -11,7 +11,6 @@ from semhealth_grafana.common import (
     ORANGE,
     RATE,
     RED,
-    ROUTE,
     SEMANTIC,
     above_is_bad,
     alert,
@@ -286,7 +285,7 @@ def build() -> dash.Dashboard:
                 [
                     (
                         "sum by (result, reason) (rate("
-                        f"semantic_health_output_failure_reasons_total{{{ROUTE}}}[{RATE}]))",
+                        f"semantic_health_output_failure_reasons_total{{{SEMANTIC}}}[{RATE}]))",
                         "{{result}}: {{reason}}",
                     )
                 ],

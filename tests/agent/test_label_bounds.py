@@ -1,6 +1,8 @@
-"""Every label whose values come from traffic is bounded by ``telemetry.max_label_values``,
+"""Labels: every one whose values come from traffic is bounded by ``telemetry.max_label_values``,
 through the real sidecar: an upstream that names a new ``X-RateLimit-Source`` on every 429,
-and models that change on every answer, fold into ``other`` past the limit."""
+and models that change on every answer, fold into ``other`` past the limit; and every
+semantic series carries the semantic labels, the validity gauge and the failure reasons
+included."""
 
 from __future__ import annotations
 
@@ -67,3 +69,38 @@ async def test_thirty_models_fold_into_five_and_other_on_every_series() -> None:
         metrics, "gen_ai_client_operation_duration_seconds", "gen_ai_response_model"
     )
     assert responses == models
+
+
+async def test_the_validity_gauge_and_failure_reasons_carry_every_semantic_label() -> None:
+    def broken_json(_request: ScriptRequest) -> Script:
+        return Script(pieces=('{"a": ', "1"), model="gpt-x")
+
+    async with running_stack(broken_json) as stack, aiohttp.ClientSession() as client:
+        body = {
+            "model": "gpt-x",
+            "stream": True,
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": "json please"}],
+        }
+        async with client.post(stack.agent.proxy_url + "/v1/chat/completions", json=body) as r:
+            await r.read()
+        await stack.wait_records(1)
+        metrics = stack.agent.telemetry.render_prometheus().decode()
+    wanted = {
+        "route": "chat_completions",
+        "model": "gpt-x",
+        "provider": "openai_chat",
+        "prompt_class": "short",
+        "source": "proxy",
+    }
+    for family in (
+        "semantic_health_model_output_validity_rate",
+        "semantic_health_output_failure_reasons",
+    ):
+        (labels,) = [
+            sample.labels
+            for parsed in text_string_to_metric_families(metrics)
+            if parsed.name == family
+            for sample in parsed.samples
+        ]
+        assert {key: labels.get(key) for key in wanted} == wanted, family

@@ -358,7 +358,7 @@ def every_instrument_exposed() -> str:
                 telemetry.instruments.counters[spec.name].add(1, attributes)
             else:
                 telemetry.instruments.histograms[spec.name].record(0.5, attributes)
-        telemetry.recorder.validity.add(("x", "x", "x"), True, time.monotonic())
+        telemetry.recorder.validity.add(("x", "x", "x", "short", "proxy"), True, time.monotonic())
         return telemetry.render_prometheus().decode()
     finally:
         telemetry.shutdown()

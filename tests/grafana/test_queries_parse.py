@@ -123,9 +123,13 @@ def test_the_label_table_knows_the_metrics_with_route_and_model() -> None:
     )
     assert labels_of("semantic_health_output_failure_reasons_total") == (
         "route",
+        "model",
+        "provider",
+        "prompt_class",
+        "source",
+        "variant",
         "result",
         "reason",
-        "variant",
     )
     assert "gen_ai_request_model" in (
         labels_of("gen_ai_server_time_to_first_token_seconds_bucket") or ()

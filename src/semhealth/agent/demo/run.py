@@ -66,7 +66,7 @@ class DemoSummary:
         alerts: Callable[[], list[ActiveAlert]] = list,
     ) -> None:
         self._stall_threshold_s = stall_threshold_s
-        self.validity = validity  # (route, model, provider) -> (valid, checked), as the gauge
+        self.validity = validity  # the gauge's label values -> (valid, checked)
         self.alerts = alerts  # pending and firing, as /alerts shows them
         self._recent: collections.deque[_Seen] = collections.deque()
         self._scored: collections.deque[_Scored] = collections.deque()
@@ -103,7 +103,7 @@ class DemoSummary:
         )
         lines.append(header)
         validity: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
-        for (route, _model, provider), (ok, total) in self.validity().items():
+        for (route, _model, provider, *_rest), (ok, total) in self.validity().items():
             validity[(route, provider)][0] += ok
             validity[(route, provider)][1] += total
         relevance: dict[tuple[str, str], list[float]] = collections.defaultdict(list)

@@ -92,7 +92,7 @@ SPECS = (
     Spec("semantic_health_output_failure_reasons", "counter", "",
          "Why structured outputs failed: the JSON Schema keyword that rejected them, or the "
          "syntax/truncation reason. Never a value from the output.",
-         (ROUTE, RESULT, REASON, VARIANT)),
+         (*_SEMANTIC, RESULT, REASON)),
     Spec("semantic_health_stream_continuity_index", "histogram", "s",
          "Per-stream population std-dev of the intervals between content deltas.",
          _SEMANTIC, buckets.CONTINUITY_S),

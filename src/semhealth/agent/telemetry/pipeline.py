@@ -44,7 +44,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from semhealth.agent.telemetry import instruments as m
 from semhealth.agent.telemetry.observe import Labelled, Shed, observe_counters
-from semhealth.agent.telemetry.recorder import ConsumeSample, Recorder, RecorderSettings
+from semhealth.agent.telemetry.recorder import (
+    VALIDITY_LABELS,
+    ConsumeSample,
+    Recorder,
+    RecorderSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -221,13 +226,13 @@ def observe_telemetry(
 
     def validity(_options: CallbackOptions) -> Sequence[Observation]:
         return [
-            Observation(rate, {m.ROUTE: route, m.MODEL: model, m.PROVIDER: provider})
-            for (route, model, provider), rate in validity_rates().items()
+            Observation(rate, dict(zip(VALIDITY_LABELS, key, strict=True)))
+            for key, rate in validity_rates().items()
         ]
 
     meter.create_observable_gauge(
         "semantic_health_model_output_validity_rate",
-        [Labelled(validity, m.ROUTE, m.MODEL, m.PROVIDER)],
+        [Labelled(validity, *VALIDITY_LABELS)],
         description="Valid / structured outputs over the rolling window "
         "(telemetry.validity_window_s); absent while the window has none.",
     )

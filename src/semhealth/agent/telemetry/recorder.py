@@ -126,6 +126,15 @@ def error_type(record: StreamRecord) -> str:
     return kind
 
 
+# The validity gauge's labels: a semantic series' own but the variant (the gauge is the
+# primary's), so proxied and OTLP validity are never averaged together.
+VALIDITY_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS, m.SOURCE)
+
+
+def validity_key(attrs: Mapping[str, AttributeValue]) -> tuple[str, ...]:
+    return tuple(str(attrs[label]) for label in VALIDITY_LABELS)
+
+
 ConsumeSample = Callable[[Sample], None]
 
 
@@ -270,25 +279,24 @@ class Recorder:
         if not results:
             return
         now = self._clock()
-        key = (str(attrs[m.ROUTE]), str(attrs[m.MODEL]), str(attrs[m.PROVIDER]))
+        key = validity_key(attrs)
         for result in results:
             self._c["semantic_health_outputs"].add(1, {**attrs, m.RESULT: result.result})
-            self._count_reasons(result, str(attrs[m.ROUTE]))
+            self._count_reasons(result, attrs)
             self.validity.add(key, result.result == "valid", now)
             self._emit("model_output_validity_rate", float(result.result == "valid"), attrs)
 
-    def _count_reasons(self, result: ValidityResult, route: str) -> None:
+    def _count_reasons(self, result: ValidityResult, attrs: dict[str, AttributeValue]) -> None:
         reasons = self._c["semantic_health_output_failure_reasons"]
         for reason in result.reasons:
-            attrs = {m.ROUTE: route, m.RESULT: result.result, m.REASON: reason, **self._variant}
-            reasons.add(1, attrs)
+            reasons.add(1, {**attrs, m.RESULT: result.result, m.REASON: reason})
 
     def validity_rates(self) -> dict[tuple[str, ...], float]:
-        """Current validity rate per (route, model, provider); sets with no outputs are absent."""
+        """Current validity rate per ``VALIDITY_LABELS``; sets with no outputs are absent."""
         return self.validity.ratios(self._clock())
 
     def validity_counts(self) -> dict[tuple[str, ...], tuple[int, int]]:
-        """(valid, checked) per (route, model, provider) within the window."""
+        """(valid, checked) per ``VALIDITY_LABELS`` within the window."""
         return self.validity.counts(self._clock())
 
 

@@ -192,7 +192,16 @@ async def test_semhealth_run_record_in_its_own_processes_then_replay(tmp_path: P
     finally:
         await upstream.shutdown()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    out = tmp_path / "results.jsonl"
+    stdout, results = await replay_cli(path, tmp_path / "results.jsonl")
+    assert len(results) == 4
+    assert sorted(r["error_type"] for r in results) == ["", "", "", "client_aborted"]
+    assert sum(bool(r["validity"]) for r in results) == 2  # JSON mode and the tool call
+    assert b"chat_completions" in stdout
+
+
+async def replay_cli(path: Path, out: Path) -> tuple[bytes, list[dict[str, Any]]]:
+    """``semhealth replay`` of ``path`` in its own process, relevance off: its stdout, and
+    the results it wrote to ``out``."""
     done = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "semhealth.agent.cli", "replay", str(path),
         "-o", str(out), "--no-relevance",
@@ -200,11 +209,8 @@ async def test_semhealth_run_record_in_its_own_processes_then_replay(tmp_path: P
     )  # fmt: skip
     stdout, stderr = await done.communicate()
     assert done.returncode == 0, stderr.decode()
-    results = [orjson.loads(line) for line in out.read_bytes().splitlines()]
-    assert len(results) == 4
-    assert sorted(r["error_type"] for r in results) == ["", "", "", "client_aborted"]
-    assert sum(bool(r["validity"]) for r in results) == 2  # JSON mode and the tool call
-    assert b"chat_completions" in stdout
+    written = await asyncio.to_thread(out.read_bytes)
+    return stdout, [orjson.loads(line) for line in written.splitlines()]
 
 
 def _sse(i: int) -> bytes:

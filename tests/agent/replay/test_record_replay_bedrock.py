@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-import boto3
-import orjson
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import EventStreamError
 
 from semhealth.agent.demo.simulator import (
@@ -34,8 +30,9 @@ from semhealth.agent.replay.pipeline import build_records
 from semhealth.collectors.eventstream import event_message, exception_message
 from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import agent_config
-from tests.agent.test_cli import _env
+from tests.agent.replay.test_record_replay import replay_cli
 from tests.agent.test_planes import _until, sidecar
+from tests.agent.test_provider_sdks import _bedrock as _client
 
 PIECES = ("The", " capital", " is", " Paris", ".")
 WEATHER_SCHEMA = {
@@ -73,17 +70,6 @@ def _script(request: ScriptRequest) -> Script | RawScript:
             output_tokens=9,
         )
     return Script(pieces=PIECES, ttft_s=0.02, gaps_s=0.01, input_tokens=12, output_tokens=5)
-
-
-def _client(base_url: str) -> Any:
-    return boto3.client(
-        "bedrock-runtime",
-        endpoint_url=base_url,
-        region_name="us-east-1",
-        aws_access_key_id="AKIDTEST",
-        aws_secret_access_key="secret",
-        config=BotoConfig(retries={"max_attempts": 1, "mode": "standard"}),
-    )
 
 
 def _converse(base_url: str, model: str, **request: Any) -> list[dict[str, Any]]:
@@ -151,15 +137,7 @@ async def _record_then_replay(
             await _until(recorded)
     finally:
         await upstream.shutdown()
-    out = tmp_path / "results.jsonl"
-    done = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "semhealth.agent.cli", "replay", str(path),
-        "-o", str(out), "--no-relevance",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(),
-    )  # fmt: skip
-    _stdout, stderr = await done.communicate()
-    assert done.returncode == 0, stderr.decode()
-    results = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    _stdout, results = await replay_cli(path, tmp_path / "results.jsonl")
     built = build_records(read_file(str(path)), agent_config(upstream_url))
     assert built.problems == []
     records = [replayed.record for replayed in built.records]

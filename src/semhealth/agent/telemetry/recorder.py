@@ -213,10 +213,10 @@ class Recorder:
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )
         self._emit("request_success_rate", 0.0 if failure else 1.0, semantic)
-        for kind, calls in Counter(record.provider_tools).items():
-            self._c["semantic_health_provider_tool_calls"].add(
-                calls, {**semantic, m.TOOL_KIND: kind}
-            )
+        if record.provider_tools:  # few records have any: no Counter for the rest
+            provider_tools = self._c["semantic_health_provider_tool_calls"]
+            for kind, calls in Counter(record.provider_tools).items():
+                provider_tools.add(calls, {**semantic, m.TOOL_KIND: kind})
         self._record_gen_ai(record, gen_ai, failure)
         if record.continuity is not None:
             self._record_continuity(record.continuity, semantic)

@@ -22,6 +22,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from semhealth.collectors.adapters.base import (
@@ -280,19 +281,20 @@ def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
 
 # --- the provider ---------------------------------------------------------------------------------
 
+_MESSAGES = Provider(
+    name="anthropic_messages",
+    adapter=AnthropicMessagesAdapter,
+    read_request=read_request,
+    gen_ai_name="anthropic",
+    suffixes=("/messages",),
+)
+
 PROVIDERS = (
-    Provider(
-        name="anthropic_messages",
-        adapter=AnthropicMessagesAdapter,
-        read_request=read_request,
-        gen_ai_name="anthropic",
-        suffixes=("/messages",),
-    ),
+    _MESSAGES,
     # Claude on Vertex AI: the Messages API behind Vertex's own methods.
-    Provider(
+    dataclasses.replace(
+        _MESSAGES,
         name="vertex_ai_anthropic",
-        adapter=AnthropicMessagesAdapter,
-        read_request=read_request,
         gen_ai_name="gcp.vertex_ai",
         suffixes=(":streamRawPredict", ":rawPredict"),
     ),

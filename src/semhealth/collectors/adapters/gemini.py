@@ -29,6 +29,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -414,20 +415,15 @@ def openapi_schema(schema: dict[str, Any]) -> dict[str, Any]:
 # Vertex AI's Gemini paths: /v1/projects/{p}/locations/{l}/publishers/google/models/{m}:...
 _VERTEX = re.compile(r"/projects/[^/]+/locations/[^/]+/publishers/google/models/")
 
+_GEMINI = Provider(
+    name="gemini",
+    adapter=GeminiAdapter,
+    read_request=read_request,
+    gen_ai_name="gcp.gemini",
+    suffixes=(":streamGenerateContent", ":generateContent"),
+)
+
 PROVIDERS = (
-    Provider(
-        name="gemini",
-        adapter=GeminiAdapter,
-        read_request=read_request,
-        gen_ai_name="gcp.gemini",
-        suffixes=(":streamGenerateContent", ":generateContent"),
-    ),
-    Provider(
-        name="vertex_ai",
-        adapter=GeminiAdapter,
-        read_request=read_request,
-        gen_ai_name="gcp.vertex_ai",
-        suffixes=(":streamGenerateContent", ":generateContent"),
-        platform=_VERTEX,
-    ),
+    _GEMINI,
+    dataclasses.replace(_GEMINI, name="vertex_ai", gen_ai_name="gcp.vertex_ai", platform=_VERTEX),
 )

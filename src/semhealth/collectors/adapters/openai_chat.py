@@ -19,6 +19,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from abc import abstractmethod
 from typing import Any
@@ -294,37 +295,28 @@ def _completions_conversation(doc: dict[str, Any]) -> Conversation:
 # Groq's too, so a route names ``azure_openai_chat`` for them.
 AZURE = re.compile(r"/openai/deployments/[^/]+/|[?&]api-version=")
 
-PROVIDERS = (
-    Provider(
-        name="openai_chat",
-        adapter=OpenAIChatAdapter,
-        read_request=read_chat_request,
-        gen_ai_name="openai",
-        suffixes=("/chat/completions",),
-    ),
-    Provider(
-        name="openai_completions",
-        adapter=OpenAICompletionsAdapter,
-        read_request=read_completions_request,
-        gen_ai_name="openai",
-        operation="text_completion",
-        suffixes=("/completions",),
-    ),
-    Provider(
-        name="azure_openai_chat",
-        adapter=OpenAIChatAdapter,
-        read_request=read_chat_request,
-        gen_ai_name="azure.ai.openai",
-        suffixes=("/chat/completions",),
-        platform=AZURE,
-    ),
-    Provider(
-        name="azure_openai_completions",
-        adapter=OpenAICompletionsAdapter,
-        read_request=read_completions_request,
-        gen_ai_name="azure.ai.openai",
-        operation="text_completion",
-        suffixes=("/completions",),
-        platform=AZURE,
-    ),
+_CHAT = Provider(
+    name="openai_chat",
+    adapter=OpenAIChatAdapter,
+    read_request=read_chat_request,
+    gen_ai_name="openai",
+    suffixes=("/chat/completions",),
 )
+_COMPLETIONS = Provider(
+    name="openai_completions",
+    adapter=OpenAICompletionsAdapter,
+    read_request=read_completions_request,
+    gen_ai_name="openai",
+    operation="text_completion",
+    suffixes=("/completions",),
+)
+
+
+def on_azure(provider: Provider) -> Provider:
+    """OpenAI's ``provider`` as Azure OpenAI serves it: the same format, Azure's paths."""
+    return dataclasses.replace(
+        provider, name=f"azure_{provider.name}", gen_ai_name="azure.ai.openai", platform=AZURE
+    )
+
+
+PROVIDERS = (_CHAT, _COMPLETIONS, on_azure(_CHAT), on_azure(_COMPLETIONS))

@@ -47,7 +47,7 @@ from semhealth.collectors.adapters.conversation import (
     split_turns,
     text_of,
 )
-from semhealth.collectors.adapters.openai_chat import AZURE
+from semhealth.collectors.adapters.openai_chat import on_azure
 from semhealth.collectors.adapters.provider import Provider
 from semhealth.collectors.events import (
     AdapterEvent,
@@ -310,20 +310,12 @@ def _structure(doc: dict[str, Any]) -> tuple[StructureRequest, ...]:
 
 # --- the provider ---------------------------------------------------------------------------------
 
-PROVIDERS = (
-    Provider(
-        name="openai_responses",
-        adapter=OpenAIResponsesAdapter,
-        read_request=read_request,
-        gen_ai_name="openai",
-        suffixes=("/responses",),
-    ),
-    Provider(
-        name="azure_openai_responses",
-        adapter=OpenAIResponsesAdapter,
-        read_request=read_request,
-        gen_ai_name="azure.ai.openai",
-        suffixes=("/responses",),
-        platform=AZURE,
-    ),
+_RESPONSES = Provider(
+    name="openai_responses",
+    adapter=OpenAIResponsesAdapter,
+    read_request=read_request,
+    gen_ai_name="openai",
+    suffixes=("/responses",),
 )
+
+PROVIDERS = (_RESPONSES, on_azure(_RESPONSES))

@@ -19,6 +19,7 @@ from semhealth.collectors.eventstream import (
     exception_message,
 )
 from semhealth.collectors.frames import DecodeError, Decoder, Frame
+from tests.collectors.decoding import bytewise, decode_all, split_at
 
 BIG = 1 << 20
 
@@ -42,21 +43,7 @@ CONVERSE_STREAM = b"".join(event_message(name, payload) for name, payload in CON
 def decode(
     chunks: list[bytes], max_frame_bytes: int = BIG
 ) -> tuple[list[Frame], list[DecodeError]]:
-    decoder = EventStreamDecoder(max_frame_bytes)
-    frames: list[Frame] = []
-    for i, chunk in enumerate(chunks):
-        frames += decoder.feed(chunk, i)
-    frames += decoder.close(len(chunks))
-    return frames, decoder.errors
-
-
-def split_at(stream: bytes, points: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(points)), len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def bytewise(stream: bytes) -> list[bytes]:
-    return [stream[i : i + 1] for i in range(len(stream))]
+    return decode_all(EventStreamDecoder(max_frame_bytes), chunks)
 
 
 def pairs(frames: list[Frame]) -> list[tuple[str, str | bytes]]:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from semhealth.collectors.frames import DecodeError, Frame
 from semhealth.collectors.json_array import JSONArrayDecoder
+from tests.collectors.decoding import bytewise, decode_all, split_at
 
 BIG = 1 << 20
 
@@ -44,21 +45,7 @@ GEMINI_ERROR = (
 def decode(
     chunks: list[bytes], max_frame_bytes: int = BIG
 ) -> tuple[list[Frame], list[DecodeError]]:
-    decoder = JSONArrayDecoder(max_frame_bytes)
-    frames: list[Frame] = []
-    for i, chunk in enumerate(chunks):
-        frames += decoder.feed(chunk, i)
-    frames += decoder.close(len(chunks))
-    return frames, decoder.errors
-
-
-def split_at(stream: bytes, points: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(points)), len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def bytewise(stream: bytes) -> list[bytes]:
-    return [stream[i : i + 1] for i in range(len(stream))]
+    return decode_all(JSONArrayDecoder(max_frame_bytes), chunks)
 
 
 def data_of(chunks: list[bytes], max_frame_bytes: int = BIG) -> list[str | bytes]:

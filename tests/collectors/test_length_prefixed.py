@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import itertools
 import struct
 import tracemalloc
 
@@ -9,6 +8,7 @@ from hypothesis import strategies as st
 
 from semhealth.collectors.frames import DecodeError, Frame
 from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
+from tests.collectors.decoding import decode_all, split_at
 
 BIG = 1 << 20
 
@@ -20,17 +20,7 @@ def framed(*payloads: bytes) -> bytes:
 def decode(
     chunks: list[bytes], max_frame_bytes: int = BIG
 ) -> tuple[list[Frame], list[DecodeError]]:
-    decoder = LengthPrefixedDecoder(max_frame_bytes)
-    frames: list[Frame] = []
-    for i, chunk in enumerate(chunks):
-        frames += decoder.feed(chunk, i)
-    frames += decoder.close(len(chunks))
-    return frames, decoder.errors
-
-
-def split_at(stream: bytes, points: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(points)), len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    return decode_all(LengthPrefixedDecoder(max_frame_bytes), chunks)
 
 
 def test_several_frames_in_one_chunk() -> None:

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import itertools
 import tracemalloc
 
 import orjson
@@ -9,6 +8,7 @@ from hypothesis import strategies as st
 
 from semhealth.collectors.frames import DecodeError, Frame
 from semhealth.collectors.ndjson import NDJSONDecoder
+from tests.collectors.decoding import decode_all, split_at
 
 BIG = 1 << 20
 
@@ -31,17 +31,7 @@ OLLAMA_CHAT = (
 def decode(
     chunks: list[bytes], max_frame_bytes: int = BIG
 ) -> tuple[list[Frame], list[DecodeError]]:
-    decoder = NDJSONDecoder(max_frame_bytes)
-    frames: list[Frame] = []
-    for i, chunk in enumerate(chunks):
-        frames += decoder.feed(chunk, i)
-    frames += decoder.close(len(chunks))
-    return frames, decoder.errors
-
-
-def split_at(stream: bytes, points: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(points)), len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    return decode_all(NDJSONDecoder(max_frame_bytes), chunks)
 
 
 def data_of(chunks: list[bytes], max_frame_bytes: int = BIG) -> list[str | bytes]:

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import itertools
 import tracemalloc
 from dataclasses import dataclass
 
@@ -10,6 +9,7 @@ from hypothesis import strategies as st
 
 from semhealth.collectors.frames import DecodeError, Frame
 from semhealth.collectors.sse import SSEDecoder
+from tests.collectors.decoding import bytewise, decode_all, split_at
 
 BIG = 1 << 20
 
@@ -77,21 +77,7 @@ def summarize(frames: list[Frame]) -> list[Summary]:
 def decode(
     chunks: list[bytes], max_frame_bytes: int = BIG
 ) -> tuple[list[Frame], list[DecodeError]]:
-    decoder = SSEDecoder(max_frame_bytes)
-    frames: list[Frame] = []
-    for i, chunk in enumerate(chunks):
-        frames += decoder.feed(chunk, i)
-    frames += decoder.close(len(chunks))
-    return frames, decoder.errors
-
-
-def split_at(stream: bytes, points: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(points)), len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def single_bytes(stream: bytes) -> list[bytes]:
-    return [stream[i : i + 1] for i in range(len(stream))]
+    return decode_all(SSEDecoder(max_frame_bytes), chunks)
 
 
 def data_of(chunks: list[bytes], max_frame_bytes: int = BIG) -> list[str | bytes]:
@@ -135,7 +121,7 @@ def test_anthropic_stream_keeps_event_types() -> None:
 def test_recorded_streams_fed_byte_by_byte_give_the_same_frames() -> None:
     for stream in (OPENAI_CHAT, ANTHROPIC_MESSAGES):
         whole, _ = decode([stream])
-        split, errors = decode(single_bytes(stream))
+        split, errors = decode(bytewise(stream))
         assert summarize(split) == summarize(whole)
         assert errors == []
 
@@ -438,7 +424,7 @@ def test_any_chunking_of_valid_stream_gives_the_same_events_as_one_chunk(
     stream: Stream, data: st.DataObject
 ) -> None:
     if data.draw(st.booleans()):
-        chunks = single_bytes(stream.raw)
+        chunks = bytewise(stream.raw)
     else:
         chunks = split_at(
             stream.raw, data.draw(st.lists(st.integers(0, len(stream.raw)), max_size=30))

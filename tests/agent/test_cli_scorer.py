@@ -66,9 +66,16 @@ class Scorer:
         return self.log.read_text("utf-8", errors="replace")
 
 
-def start_scorer(folder: Path, metrics: str | None = None, extra: Sequence[str] = ()) -> Scorer:
+def start_scorer(
+    folder: Path,
+    metrics: str | None = None,
+    extra: Sequence[str] = (),
+    config_text: str | None = CONFIG,
+) -> Scorer:
+    """``semhealth scorer`` on a free port with ``config_text`` (None: no --config at all)."""
     config = folder / "semhealth.yaml"
-    config.write_text(CONFIG, "utf-8")
+    config.write_text(config_text or "", "utf-8")
+    with_config = ("--config", str(config)) if config_text is not None else ()
     target = f"127.0.0.1:{free_port()}"
     # Never the default port: two scorers run at once here, and a developer's may be up.
     metrics = metrics or f"127.0.0.1:{free_port()}"
@@ -78,7 +85,7 @@ def start_scorer(folder: Path, metrics: str | None = None, extra: Sequence[str] 
         process = subprocess.Popen(
             [
                 *command,
-                *("--listen", target, "--metrics-listen", metrics, "--config", str(config)),
+                *("--listen", target, "--metrics-listen", metrics, *with_config),
                 *extra,
             ],
             stdin=subprocess.DEVNULL,

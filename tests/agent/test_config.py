@@ -899,6 +899,7 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "relevance.max_in_flight": relevance.max_in_flight,
         "relevance.calibration": relevance.calibration,
         "relevance.profile": relevance.profile,
+        "relevance.scorer": relevance.scorer,
         "relevance.pooling": embeddings.pooling,
         "relevance.window_words": embeddings.window_words,
         "relevance.overlap_words": embeddings.overlap_words,

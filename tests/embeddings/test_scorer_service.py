@@ -19,7 +19,7 @@ from semhealth.embeddings import _wire
 from semhealth.embeddings.backend import Backend, Vectors
 from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.config import Batching
-from semhealth.embeddings.errors import BackendError, ModelLoadError, Overloaded
+from semhealth.embeddings.errors import BackendError, EncoderNotServed, ModelLoadError, Overloaded
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.remote_scorer import DEADLINE, RemoteScorerBackend, ScorerOverloaded
 from semhealth.embeddings.scorer_service import ScorerServer, ServedEncoder, serve_scorer
@@ -317,11 +317,14 @@ async def test_a_permanent_backend_failure_is_permanent_for_the_client(
         assert not caught.value.retryable
 
 
-async def test_an_unknown_encoder_is_a_permanent_error(minilm: LocalBackend) -> None:
+async def test_an_unknown_encoder_is_a_permanent_error_naming_what_is_served(
+    minilm: LocalBackend,
+) -> None:
     async with serving(minilm) as (server, _), client_of(server, encoder="other") as client:
-        with pytest.raises(BackendError, match="NOT_FOUND") as caught:
+        with pytest.raises(EncoderNotServed, match="does not serve encoder 'other'") as caught:
             await client.connect()
         assert not caught.value.retryable
+        assert caught.value.served == ("minilm",)
 
 
 async def test_a_malformed_request_is_refused_as_an_invalid_argument(

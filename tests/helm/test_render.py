@@ -17,7 +17,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from semhealth.agent.cli import build_parser
 from semhealth.agent.config import load_config, load_relevance
-from semhealth.agent.kube.sidecar import ADMIN_PORT_NAME, SCORER_ENCODERS
+from semhealth.agent.kube.sidecar import ADMIN_PORT_NAME
+from semhealth.embeddings import resolve_profile
 from tests.helm import chart
 
 ALL_SETS = list(chart.VALUE_SETS)
@@ -412,18 +413,22 @@ def test_scorer_config_loads_as_the_scorer_reads_it(
     path = tmp_path / "semhealth.yaml"
     path.write_text(config_map["data"]["semhealth.yaml"])
     relevance = load_relevance(str(path), {})
-    encoders = {encoder.name: encoder for encoder in relevance.embeddings.encoders}
-    assert (encoders["default"].backend, encoders["default"].local.device) == ("local", "cuda")
+    if value_set == "defaults":
+        assert relevance.embeddings == resolve_profile(None)
+    else:  # the value set lists its own encoder
+        (encoder,) = relevance.embeddings.encoders
+        assert (encoder.name, encoder.backend, encoder.local.device) == ("default", "local", "cuda")
 
 
 def test_default_scorer_serves_every_encoder_injected_sidecars_ask_for(
     manifests: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
+    # An injected sidecar on the default profile asks for that profile's encoders by name.
     config_map = chart.one(manifests["defaults"], "ConfigMap", "obs-semhealth-scorer")
     path = tmp_path / "semhealth.yaml"
     path.write_text(config_map["data"]["semhealth.yaml"])
     served = {encoder.name for encoder in load_relevance(str(path), {}).embeddings.encoders}
-    assert served == set(SCORER_ENCODERS)
+    assert served == {encoder.name for encoder in resolve_profile(None).encoders}
 
 
 def test_dashboards_become_configmaps_for_grafanas_sidecar(

@@ -29,7 +29,14 @@ from semhealth.agent.analysis.alerting import AlertingStage, observe_alerting
 from semhealth.agent.analysis.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.health import Health, observe_health
 from semhealth.agent.analysis.receiver import TapReceiver
-from semhealth.agent.analysis.relevance import RelevanceStage, observe_relevance, plan_relevance
+from semhealth.agent.analysis.relevance import (
+    ENCODER_NOT_SERVED,
+    RelevanceStage,
+    RelevanceStats,
+    Unscored,
+    observe_relevance,
+    plan_relevance,
+)
 from semhealth.agent.analysis.relevance import Settings as RelevanceSettings
 from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats, observe_tap
 from semhealth.agent.component import RESERVE_S, Components, Part, seconds_left
@@ -64,6 +71,7 @@ from semhealth.embeddings import (
     CacheStats,
     CalibrationError,
     EmbeddingError,
+    EncoderNotServed,
     MicroBatcher,
     open_scorer,
 )
@@ -196,7 +204,7 @@ def observe_stages(
     tap: TapStats,
     active_streams: Callable[[], int],
     health: Health,
-    relevance: Callable[[], RelevanceStage | None],
+    relevance: Callable[[], RelevanceStage | Unscored | None],
     cache: Callable[[], CacheStats | None],
     intake: Callable[[], Intake | None],
     alerting: AlertingStage | None,
@@ -205,11 +213,16 @@ def observe_stages(
     alerting), on ``meter``, and what each sheds on ``shed``."""
     observe_tap(meter, tap, active_streams)
     observe_health(meter, health)
-    observe_relevance(meter, lambda: _field(relevance(), lambda stage: stage.stats), cache)
+
+    def relevance_stats() -> RelevanceStats | None:
+        stage = relevance()
+        return stage.stats if stage is not None else None
+
+    observe_relevance(meter, relevance_stats, cache)
     observe_otlp(meter, lambda: _field(intake(), lambda part: part.stats))
     observe_alerting(meter, alerting.stats if alerting is not None else lambda: None)
     shed.add("tap", lambda: tap.chunks_dropped)
-    shed.add("relevance", lambda: _field(relevance(), lambda stage: stage.stats.dropped) or 0)
+    shed.add("relevance", lambda: _field(relevance_stats(), lambda stats: stats.dropped) or 0)
     # Samples the evaluator never saw: its buffer was full, or a rule held its maximum of
     # groups.
     shed.add("alerts", lambda: _alerts_shed(alerting))
@@ -286,6 +299,8 @@ class Agent:
         self._settings = settings or Settings()
         stats = TapStats()
         self.relevance: RelevanceStage | None = None  # set by start() when scoring runs
+        # Set instead when scoring cannot run for a reason that is counted (see Unscored).
+        self._unscored: Unscored | None = None
         self._scoring: AsyncExitStack | None = None  # closes the batcher, then the backend
         self._batchers: tuple[MicroBatcher, ...] = ()  # their caches feed the cache counters
         self.health = Health(self._settings.on_background_failure)
@@ -367,7 +382,7 @@ class Agent:
             tap=stats,
             active_streams=self._active_streams,
             health=self.health,
-            relevance=lambda: self.relevance,
+            relevance=lambda: self.relevance or self._unscored,
             cache=lambda: _cache_stats(self._batchers),
             intake=lambda: self.intake,
             alerting=alerting,
@@ -437,6 +452,19 @@ class Agent:
             )
         except (EmbeddingError, ValueError) as exc:
             await stack.aclose()
+            if isinstance(exc.__cause__, EncoderNotServed) and relevance.enabled == "auto":
+                self._unscored = Unscored(ENCODER_NOT_SERVED)
+                log.warning(
+                    "relevance scoring is off: this sidecar asks the scorer at %s for %s; "
+                    "it serves: %s. Set relevance.profile to the scorer's, or serve these "
+                    "encoders there; streams are counted in "
+                    'semhealth_relevance_skipped_total{reason="%s"}',
+                    exc.__cause__.target,
+                    ", ".join(encoder.name for encoder in plan.encoders),
+                    ", ".join(exc.__cause__.served) or "nothing",
+                    ENCODER_NOT_SERVED,
+                )
+                return
             if relevance.enabled is True or isinstance(exc, CalibrationError):
                 raise RelevanceStartError(
                     f"relevance scoring could not start encoder {names}: {exc}"
@@ -485,6 +513,8 @@ class Agent:
         chain: list[ConsumeRecord] = [self.telemetry.recorder.consume_record]
         if self.relevance is not None:
             chain.append(self.relevance.consume_record)
+        elif self._unscored is not None:
+            chain.append(self._unscored.consume_record)
         chain += self._settings.consumers
         if self.evaluation is not None:
             chain.append(self.evaluation.consume_record)

@@ -29,12 +29,15 @@ from semhealth.embeddings.config import (
     Local,
     Use,
     default_config,
+    scored_at,
+    scorer_address_issues,
 )
 from semhealth.embeddings.errors import (
     BackendError,
     Closed,
     ConfigIssue,
     EmbeddingError,
+    EncoderNotServed,
     ModelLoadError,
     Overloaded,
 )
@@ -154,6 +157,7 @@ __all__ = [
     "EmbeddingError",
     "Encoder",
     "EncoderChoice",
+    "EncoderNotServed",
     "Local",
     "LocalBackend",
     "MetricsServer",
@@ -195,6 +199,8 @@ __all__ = [
     "resolve_model",
     "resolve_profile",
     "score_jsonl",
+    "scored_at",
+    "scorer_address_issues",
     "serve_scorer",
     "used_encoders",
 ]

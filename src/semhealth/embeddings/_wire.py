@@ -42,6 +42,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # "requested/free/queue_size". The two keys beside it say why, and the wait the scorer
 # expected (seconds) when that was the reason.
 OVERLOADED_KEY = "semhealth-overloaded"
+# On NOT_FOUND: the encoders this scorer serves, comma-separated (names are identifiers), so a
+# sidecar can say which of its encoders are missing without parsing the details text.
+SERVED_KEY = "semhealth-served-encoders"
 OVERLOAD_REASON_KEY = "semhealth-overload-reason"
 EXPECTED_WAIT_KEY = "semhealth-expected-wait-s"
 
@@ -210,6 +213,18 @@ def read_overload(metadata: Iterable[tuple[str, Any]] | None) -> Overload | None
         wait = None
     reason = values.get(OVERLOAD_REASON_KEY, "queue_full")
     return Overload(reason[:32], *figures, expected_wait_s=wait)
+
+
+def served_metadata(names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    return ((SERVED_KEY, ",".join(sorted(names))),)
+
+
+def read_served(metadata: Iterable[tuple[str, Any]] | None) -> tuple[str, ...] | None:
+    """The encoders a NOT_FOUND answer says the scorer serves, or None when it did not say."""
+    for key, value in metadata or ():
+        if key == SERVED_KEY and isinstance(value, str):
+            return tuple(name for name in value.split(",") if name.isidentifier())
+    return None
 
 
 def _json_object(data: bytes) -> dict[str, Any] | Malformed:

@@ -13,7 +13,7 @@ Japanese or Korean text to the second, so Chinese scores well without the user c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from semhealth.embeddings.errors import ConfigIssue
@@ -374,6 +374,30 @@ def _at_least(name: str, value: int, low: int) -> list[ConfigIssue]:
     if value >= low:
         return []
     return [ConfigIssue(name, f"{name} must be at least {low}, not {value}", f"use {low} or more")]
+
+
+def scored_at(config: Config, address: str) -> Config:
+    """``config`` with each encoder that would run in this process asked of the ``semhealth
+    scorer`` at ``address`` instead, under the same name; routing, batching and the encoders
+    that are remote already are kept. A scorer serves an encoder under the name the profiles
+    give it, so a sidecar and a scorer on the same profile agree without naming anything."""
+    encoders = tuple(
+        encoder
+        if encoder.backend in REMOTE_BACKENDS
+        else Encoder(
+            name=encoder.name,
+            backend="scorer",
+            remote=Remote(url=address),
+            batching=encoder.batching,
+        )
+        for encoder in config.encoders
+    )
+    return replace(config, encoders=encoders)
+
+
+def scorer_address_issues(address: str) -> list[ConfigIssue]:
+    """What is wrong with a scorer's ``HOST:PORT``, for ``semhealth config check``."""
+    return _remote_url("scorer", address)
 
 
 def _remote_url(backend: str, url: str) -> list[ConfigIssue]:

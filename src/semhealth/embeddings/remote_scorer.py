@@ -28,7 +28,7 @@ import numpy as np
 
 from semhealth.embeddings import _wire
 from semhealth.embeddings.backend import Vectors, normalize_rows
-from semhealth.embeddings.errors import BackendError, EmbeddingError, Overloaded
+from semhealth.embeddings.errors import BackendError, EmbeddingError, EncoderNotServed, Overloaded
 
 DEFAULT_TIMEOUT_S = 5.0
 _RETRYABLE_CODES = frozenset(
@@ -154,7 +154,7 @@ class RemoteScorerBackend:
                 request, timeout=self.timeout_s, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, self.name, "Info", 0) from exc
+            raise self._not_served(exc) or _translate(exc, self.name, "Info", 0) from exc
         if isinstance(info, _wire.Malformed):
             raise self._shape_error(f"its Info answer is malformed: {info.reason}", 0)
         if self.dim and info.dim != self.dim:
@@ -200,6 +200,20 @@ class RemoteScorerBackend:
                     self.target, self._credentials, options=self._options
                 )
         return self._channel
+
+    def _not_served(self, exc: Any) -> EncoderNotServed | None:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            return None
+        served = _wire.read_served(exc.trailing_metadata())
+        if served is None:
+            return None
+        return EncoderNotServed(
+            f"{self.name}: the scorer at {self.target} does not serve encoder "
+            f"'{self.encoder}'; it serves: {', '.join(served) or 'nothing'}",
+            target=self.target,
+            encoder=self.encoder,
+            served=served,
+        )
 
     def _checked(self, answer: Vectors | _wire.Malformed, count: int) -> Vectors:
         if isinstance(answer, _wire.Malformed):

@@ -670,7 +670,8 @@ async def _info(
     return info
 
 
-_Refusal = tuple[Any, str]  # a gRPC status code and its details
+# A gRPC status code, its details and trailing metadata.
+_Refusal = tuple[Any, str, tuple[tuple[str, str], ...]]
 
 
 def _served(state: _State, encoder: str) -> _Served | _Refusal:
@@ -679,11 +680,15 @@ def _served(state: _State, encoder: str) -> _Served | _Refusal:
     if served is None:
         names = ", ".join(sorted(state.encoders))
         # The requested name is not echoed: it came from a client.
-        return grpc.StatusCode.NOT_FOUND, f"no such encoder here; this scorer serves: {names}"
+        return (
+            grpc.StatusCode.NOT_FOUND,
+            f"no such encoder here; this scorer serves: {names}",
+            _wire.served_metadata(state.encoders),
+        )
     if state.load_error is not None:
-        return grpc.StatusCode.FAILED_PRECONDITION, str(state.load_error)
+        return grpc.StatusCode.FAILED_PRECONDITION, str(state.load_error), ()
     if served.batcher is None:
-        return grpc.StatusCode.UNAVAILABLE, "the encoder's model is still loading"
+        return grpc.StatusCode.UNAVAILABLE, "the encoder's model is still loading", ()
     return served
 
 
@@ -691,6 +696,7 @@ def _malformed(malformed: _wire.Malformed, method: str) -> _Refusal:
     return (
         grpc.StatusCode.INVALID_ARGUMENT,
         f"malformed {method} request of {malformed.size} bytes: {malformed.reason}",
+        (),
     )
 
 

@@ -74,7 +74,7 @@ def test_inject_scorer_and_configmap_flags(
     spec = yaml.safe_load(capsys.readouterr().out)["spec"]["template"]["spec"]
     assert spec["volumes"][-2]["configMap"] == {"name": "fleet", "optional": True}
     env = {item["name"]: item.get("value") for item in spec["containers"][-1]["env"]}
-    assert "scorer.ops:50051" in env["SEMHEALTH_RELEVANCE__ENCODERS"]
+    assert env["SEMHEALTH_RELEVANCE__SCORER"] == "scorer.ops:50051"
 
 
 def test_inject_without_image_or_with_a_bad_annotation_fails(

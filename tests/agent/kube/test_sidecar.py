@@ -6,6 +6,7 @@ from __future__ import annotations
 from semhealth.agent.config import load_config
 from semhealth.agent.kube import Settings, read_options
 from semhealth.agent.kube.sidecar import container, env, volumes
+from semhealth.embeddings import resolve_profile
 
 SETTINGS = Settings(image="semhealth/semhealth:0.1.0")
 
@@ -60,7 +61,7 @@ def test_downward_api_names_are_read_as_resource_attributes() -> None:
     assert variables["K8S_NAMESPACE_NAME"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
-    assert "SEMHEALTH_RELEVANCE__ENCODERS" not in variables
+    assert "SEMHEALTH_RELEVANCE__SCORER" not in variables
 
 
 def test_scorer_env_loads_as_remote_encoders_through_the_agents_config() -> None:
@@ -80,13 +81,13 @@ def test_scorer_env_loads_as_remote_encoders_through_the_agents_config() -> None
         },
     )
     embeddings = config.relevance.embeddings
+    # The default profile's encoders, each asked of the scorer under its own name, routed
+    # as the profile routes them.
+    local = resolve_profile(None)
     assert {e.name: (e.backend, e.remote.url) for e in embeddings.encoders} == {
-        "default": ("scorer", "semhealth-scorer.ops:50051"),
-        "multilingual": ("scorer", "semhealth-scorer.ops:50051"),
+        e.name: ("scorer", "semhealth-scorer.ops:50051") for e in local.encoders
     }
-    # The default config's routing still finds both encoders by name.
-    assert embeddings.encoder == "default"
-    assert embeddings.route_cjk_to == "multilingual"
+    assert (embeddings.encoder, embeddings.route_cjk_to) == (local.encoder, local.route_cjk_to)
     assert dict(config.telemetry.resource_attributes) == {
         "k8s.pod.name": "chat-7d9f8-abcde",
         "k8s.namespace.name": "shop",

@@ -147,6 +147,24 @@ def eligibility(record: StreamRecord) -> str | None:
     return None
 
 
+# The skip reason while a shared scorer does not serve this sidecar's encoders (auto).
+ENCODER_NOT_SERVED = "encoder_not_served"
+
+
+class Unscored:
+    """Relevance that could not start under ``enabled: auto`` for a reason the operator must
+    fix (a shared scorer that does not serve this sidecar's encoders): every stream that
+    would have been scored is counted as skipped for that reason, so the gap shows on a
+    dashboard instead of as counters that stay at zero."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+        self.stats = RelevanceStats()
+
+    def consume_record(self, record: StreamRecord) -> None:
+        self.stats.skip(eligibility(record) or self._reason)
+
+
 class RelevanceStage:
     def __init__(
         self,
@@ -286,5 +304,5 @@ def observe_relevance(
         "semhealth_relevance_skipped",
         [observe_by("reason", skipped)],
         description="Streams not scored, by reason: sampled_out, no_query, "
-        "nothing_to_compare, incomplete, error_response.",
+        "nothing_to_compare, incomplete, error_response, encoder_not_served.",
     )

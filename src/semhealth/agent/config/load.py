@@ -47,7 +47,7 @@ from semhealth.agent.config.schema import schema_issues, schema_text
 from semhealth.agent.errors import ConfigIssue
 from semhealth.collectors import config as collectors_config
 from semhealth.collectors.config import Extract, Route
-from semhealth.embeddings import PROFILES, resolve_profile
+from semhealth.embeddings import PROFILES, resolve_profile, scored_at, scorer_address_issues
 from semhealth.embeddings import config as embeddings_config
 
 if TYPE_CHECKING:
@@ -299,6 +299,9 @@ def _build_relevance(relevance: dict[str, Any], env: Mapping[str, str]) -> Relev
         profile in PROFILES or (profile is None and not by_name)
     ):
         embeddings = resolve_profile(profile, None, embeddings)
+    scorer = relevance.get("scorer")
+    if isinstance(scorer, str) and not scorer_address_issues(scorer):
+        embeddings = scored_at(embeddings, scorer)
     return _fill(Relevance(), relevance, embeddings=embeddings)
 
 

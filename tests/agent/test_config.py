@@ -897,6 +897,7 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "relevance.enabled": relevance.enabled,
         "relevance.sample_rate": relevance.sample_rate,
         "relevance.max_in_flight": relevance.max_in_flight,
+        "relevance.cpu_budget": relevance.cpu_budget,
         "relevance.calibration": relevance.calibration,
         "relevance.profile": relevance.profile,
         "relevance.scorer": relevance.scorer,

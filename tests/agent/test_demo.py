@@ -74,7 +74,12 @@ def demo_args(duration_s: float) -> argparse.Namespace:
 def context_relevance_column(table: str) -> list[str]:
     lines = table.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("route"))
-    rows = [line for line in lines[start + 1 :] if line and not line.startswith("alerts")]
+    # The table's rows run up to the alerts section (whose lines list pending alerts).
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line or line.startswith("alerts"):
+            break
+        rows.append(line)
     return [row.split()[-1] for row in rows]
 
 

@@ -481,13 +481,16 @@ class Agent:
         self.relevance = stage = RelevanceStage(
             scorer,
             RelevanceSettings(
-                sample_rate=relevance.sample_rate, max_in_flight=relevance.max_in_flight
+                sample_rate=relevance.sample_rate,
+                max_in_flight=relevance.max_in_flight,
+                cpu_budget=relevance.cpu_budget,
             ),
             self.telemetry.recorder.record_relevance,
         )
         if self.evaluation is not None:
             # Started before this stage: its relevance events follow each record's scores.
             stage.also_record(self.evaluation.record_relevance)
+        stage.start()
         log.info("relevance scoring on: encoder %s", names)
 
     async def _stop_relevance(self, deadline: float) -> None:

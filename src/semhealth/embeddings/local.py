@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from semhealth.common.cpus import available_cpus
-from semhealth.embeddings._model_thread import ModelThread
+from semhealth.embeddings._model_thread import ModelThread, model_executor
 from semhealth.embeddings.backend import Vectors, normalize_rows
 from semhealth.embeddings.config import DEFAULT_MODEL
 from semhealth.embeddings.errors import BackendError, ModelLoadError
@@ -111,7 +110,7 @@ class LocalBackend:
         self.dim = _dimension(loaded, model)
         self._thread = ModelThread(
             loaded,
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="semhealth-embed"),
+            model_executor("semhealth-embed"),
             # Looked up per call, so the module's encoder is the one in force (tests swap it).
             encode=lambda loaded, texts: _encode(loaded, texts),
             translate=_translate,

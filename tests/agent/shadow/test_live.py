@@ -94,13 +94,19 @@ async def shadowed(
     shadow_on: bool = True,
     candidate_url: str | None = None,
     timeouts: Timeouts | None = None,
+    candidate: dict[str, Any] | None = None,
 ) -> AsyncIterator[Shadowed]:
-    primary, candidate = SimulatedUpstream(primary_script), SimulatedUpstream(candidate_script)
+    primary, candidate_server = (
+        SimulatedUpstream(primary_script),
+        SimulatedUpstream(candidate_script),
+    )
     await primary.start()
-    await candidate.start()
+    await candidate_server.start()
     records: list[StreamRecord] = []
     upstream = ShadowUpstream(
-        url=candidate_url or candidate.url + "/", timeouts=timeouts or Timeouts(total_s=30.0)
+        url=candidate_url or candidate_server.url + "/",
+        timeouts=timeouts or Timeouts(total_s=30.0),
+        **(candidate or {}),
     )
     settings = shadow_settings(upstream, **(shadow or {})) if shadow_on else None
     agent = Agent(
@@ -109,11 +115,11 @@ async def shadowed(
     )
     try:
         await agent.start()
-        yield Shadowed(agent, primary, candidate, records)
+        yield Shadowed(agent, primary, candidate_server, records)
     finally:
         await agent.shutdown()
         await primary.shutdown()
-        await candidate.shutdown()
+        await candidate_server.shutdown()
 
 
 async def ask(client: openai.AsyncOpenAI, **extra: Any) -> tuple[str, float]:
@@ -387,6 +393,59 @@ async def test_the_candidate_gets_the_same_request_streamed_as_asked_with_its_mo
     assert shadowed_request.json == {**sent.json, "model": "candidate-m"}
     assert shadowed_request.json["stream"] is True
     assert shadowed_request.path == sent.path == "/v1/chat/completions"
+    assert run.stats.pairs == {(ROUTE, "exact"): 1}
+
+
+# What a client sends that the candidate needs to understand the request the same way.
+API_HEADERS = {
+    "anthropic-version": "2023-06-01",
+    "OpenAI-Beta": "assistants=v2",
+    "X-Tenant": "blue",
+}
+# The client's credentials and cookies: never the candidate's business.
+CREDENTIALS = {
+    "x-api-key": "client-key",
+    "api-key": "client-azure-key",
+    "Cookie": "session=client",
+    "Proxy-Authorization": "Basic Y2xpZW50",
+    "X-Internal-Token": "client-internal",  # a name the configuration adds to the denylist
+}
+
+
+async def test_the_candidate_gets_the_clients_headers_less_credentials_plus_its_own() -> None:
+    candidate = {
+        "headers": {"Anthropic-Version": "2024-10-22", "X-Candidate": "on"},
+        "drop_headers": ("x-internal-token",),
+    }
+    async with shadowed(
+        answering(PARIS),
+        answering(PARIS),
+        candidate=candidate,
+        shadow={"rewrite_model": "a-longer-candidate-model-name"},  # the body changes length
+    ) as run:
+        client = openai.AsyncOpenAI(
+            base_url=run.agent.proxy_url + "/v1",
+            api_key="client-bearer",
+            default_headers={**API_HEADERS, **CREDENTIALS},
+        )
+        await ask(client)
+        await client.close()
+        await run.settled(1)
+    (primary,) = run.primary.received
+    (shadow,) = run.candidate.received
+    # The primary got everything the client sent (the relay drops only hop-by-hop fields).
+    assert primary.headers["Authorization"] == "Bearer client-bearer"
+    assert primary.headers["X-Internal-Token"] == "client-internal"
+    assert shadow.headers["OpenAI-Beta"] == "assistants=v2"
+    assert shadow.headers["X-Tenant"] == "blue"
+    # shadow.upstream.headers add and override, whatever the case of the client's name.
+    assert shadow.headers.getall("anthropic-version") == ["2024-10-22"]
+    assert shadow.headers["X-Candidate"] == "on"
+    for name in ("Authorization", *CREDENTIALS):
+        assert name not in shadow.headers, name
+    # The body was re-sent whole: its own length, not the client's.
+    assert shadow.json["model"] == "a-longer-candidate-model-name"
+    assert int(shadow.headers["Content-Length"]) == len(shadow.body)
     assert run.stats.pairs == {(ROUTE, "exact"): 1}
 
 

@@ -201,6 +201,7 @@ def test_the_yaml_shadow_block_becomes_the_settings(tmp_path: Path) -> None:
         "    tls: {verify: false}\n"
         "    timeouts: {connect_s: 2, read_s: 30, total_s: 60}\n"
         "    headers: {Authorization: Bearer c}\n"
+        "    drop_headers: [X-Internal-Token]\n"
         "  rewrite: {model: m2}\n"
         "  routes: [chat_completions]\n"
         "  sample_rate: 0.25\n"
@@ -214,7 +215,9 @@ def test_the_yaml_shadow_block_becomes_the_settings(tmp_path: Path) -> None:
         tls=TLS(verify=False),
         timeouts=Timeouts(connect_s=2, read_s=30, total_s=60),
         headers={"Authorization": "Bearer c"},
+        drop_headers=("X-Internal-Token",),
     )
+    assert "x-internal-token" in settings.upstream.dropped_headers()
     assert (settings.rewrite_model, settings.routes, settings.sample_rate) == (
         "m2",
         ("chat_completions",),

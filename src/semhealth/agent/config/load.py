@@ -211,6 +211,7 @@ def _build_shadow(shadow: dict[str, Any]) -> ShadowSettings | None:
             tls=_fill(TLS(), _section(upstream, "tls")),
             timeouts=_fill(Timeouts(total_s=300.0), _section(upstream, "timeouts")),
             headers=dict(_section(upstream, "headers")),
+            drop_headers=tuple(h for h in upstream.get("drop_headers", ()) if isinstance(h, str)),
         ),
         rewrite_model=_section(shadow, "rewrite").get("model"),
         routes=tuple(r for r in shadow.get("routes", ()) if isinstance(r, str)),

@@ -504,16 +504,45 @@ class Tolerances:
     min_pairs: int = 30
 
 
+# The client's credentials and cookies: never sent to the candidate, whatever the
+# configuration says (the candidate gets its own through ``shadow.upstream.headers``).
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie")
+# Fields about the client's connection, not its request (RFC 9110 §7.6.1), and the body's
+# framing: the shadow request is a new connection and sends the (perhaps rewritten) body whole,
+# with a length of its own.
+HOP_BY_HOP_HEADERS = (
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "expect",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShadowUpstream:
-    """The candidate: fixed by configuration, like the primary upstream."""
+    """The candidate: fixed by configuration, like the primary upstream.
+
+    A shadow request carries the client's headers less ``dropped_headers()``, then
+    ``headers`` over them (a configured name replaces the client's, whatever its case)."""
 
     url: str
     tls: TLS = field(default_factory=TLS)
     timeouts: Timeouts = field(default_factory=lambda: Timeouts(total_s=300.0))
-    # Sent with every shadow request (the candidate's API key, say). The client's own
-    # headers are not copied by the relay and are never forwarded to the candidate.
+    # Sent with every shadow request (the candidate's API key, say), over the client's own.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Client headers never sent to the candidate, beyond ``CREDENTIAL_HEADERS``.
+    drop_headers: tuple[str, ...] = ()
+
+    def dropped_headers(self) -> frozenset[str]:
+        """Lowercase names of the client's headers the candidate never gets."""
+        names = (*HOP_BY_HOP_HEADERS, *CREDENTIAL_HEADERS, *self.drop_headers)
+        return frozenset(name.lower() for name in names)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,10 @@ Which requests are shadowed:
 - never one whose body the relay did not copy (``body_not_kept``) or larger than
   ``max_body_bytes``.
 
+The shadow request carries the client's headers less credentials, cookies, hop-by-hop
+fields and ``upstream.drop_headers`` (the relay leaves those out before copying, and
+``candidate_headers`` checks again), then ``upstream.headers`` over them.
+
 The candidate's answer becomes its own ``StreamRecord`` (the same collectors, through
 ``offline.send_request``), goes to the metrics with ``variant="shadow"`` and is joined with
 the primary's record (same ``start_ns`` and route; either may finish first). Joined pairs are
@@ -320,7 +324,7 @@ class Shadow:
             record = await send_request(
                 session,
                 upstream.url,
-                upstream.headers,
+                candidate_headers(exchange.request_headers, upstream),
                 exchange.method,
                 exchange.path,
                 body,
@@ -471,6 +475,17 @@ class Shadow:
             "waiting": self.stats.waiting,
         }
         return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def candidate_headers(
+    client: Iterable[tuple[str, str]] | None, upstream: ShadowUpstream
+) -> list[tuple[str, str]]:
+    """What a shadow request carries: the client's headers less the denylist (credentials,
+    cookies, hop-by-hop, ``drop_headers``), then ``upstream.headers`` over them. The relay
+    already left the denylisted ones out; checked again here, where they would be sent."""
+    drop = upstream.dropped_headers() | {name.lower() for name in upstream.headers}
+    kept = [(name, value) for name, value in client or () if name.lower() not in drop]
+    return kept + list(upstream.headers.items())
 
 
 def _nested(items: Iterable[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:

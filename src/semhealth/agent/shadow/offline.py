@@ -141,10 +141,13 @@ def candidate_url(base_url: str, path: str) -> str:
     return urlunsplit((base.scheme, base.netloc, request_path, query, ""))
 
 
+Headers = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
 async def send_request(
     session: aiohttp.ClientSession,
     base_url: str,
-    headers: Mapping[str, str],
+    headers: Headers,
     method: str,
     path: str,
     body: bytes | None,
@@ -153,8 +156,10 @@ async def send_request(
     """The answer of the upstream at ``base_url`` to one request, analysed as the tap
     analyses one (timed as it arrives, the same StreamCollector); a failed connection is a
     502 record, as the proxy would have answered. Offline ``diff`` and live shadowing both
-    send through here."""
-    sent = {"Content-Type": "application/json", **headers}
+    send through here. ``headers`` are sent as given, a JSON Content-Type added if none is."""
+    sent = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    if not any(name.lower() == "content-type" for name, _ in sent):
+        sent.append(("Content-Type", "application/json"))
     start = time.monotonic_ns()
     url = candidate_url(base_url, path)
     try:

@@ -261,7 +261,25 @@ async def test_a_candidate_that_is_down_or_times_out_is_counted_and_the_client_i
         await run.settled(1)
     assert run.stats.pairs == {(ROUTE, "candidate_error"): 1}
     (pair,) = run.pairs()
-    assert pair.shadow.error_type == "upstream_timeout"
+    # The head came at once, then nothing within read_s: as the proxy records it, the
+    # upstream's 200 cut by a timeout (not a 502 of semhealth's own).
+    assert (pair.shadow.status, pair.shadow.error_type) == (200, "upstream_timeout")
+
+
+async def test_a_candidate_answer_cut_at_the_analysis_limit_is_a_candidate_error() -> None:
+    # limits.max_response_bytes stops analysis of the candidate's long answer (a truncated
+    # record with no error of its own): not its whole answer, so nothing fair to compare.
+    config = {"limits.max_response_bytes": 4096, "limits.max_frame_bytes": 4096}
+    async with shadowed(answering(PARIS), answering(PARIS * 40), config=config) as run:
+        client = run.client()
+        assert (await ask(client))[0] == "".join(PARIS)
+        await client.close()
+        await run.settled(1)
+    (primary,) = run.records
+    assert not primary.truncated
+    (pair,) = run.pairs()
+    assert pair.result == "candidate_error"
+    assert (pair.shadow.status, pair.shadow.error_type) == (200, "")
 
 
 async def test_budget_sampling_and_bodies_not_kept_are_shed_and_counted() -> None:

@@ -6,6 +6,7 @@ the tap its stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import time
@@ -16,6 +17,7 @@ import orjson
 import pytest
 
 from semhealth.agent.analysis.tap import Tap
+from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import (
     TLS,
     ConfigError,
@@ -118,6 +120,119 @@ async def test_a_shadow_whose_primary_never_comes_expires_and_is_counted() -> No
     assert shadow.stats.pairs == {(ROUTE, "shed"): 1}
     assert shadow.recent_pairs() == []
     assert shadow.stats.waiting == 0 and shadow.stats.errors == 0
+
+
+async def _proxied_record(upstream_url: str) -> StreamRecord:
+    """The record the sidecar's proxy makes of one streamed question to ``upstream_url``."""
+    records: list[StreamRecord] = []
+    agent = Agent(agent_config(upstream_url), Settings(consumers=[records.append]))
+    await agent.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                agent.proxy_url + "/v1/chat/completions", data=BODY
+            ) as response:
+                with contextlib.suppress(aiohttp.ClientPayloadError):  # a cut stream
+                    await response.read()
+        deadline = time.monotonic() + 5.0
+        while not records:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+    finally:
+        await agent.shutdown()
+    (record,) = records
+    return record
+
+
+async def test_a_candidate_that_dies_mid_stream_is_recorded_as_the_proxy_records_it() -> None:
+    primary = SimulatedUpstream(answering(PARIS))
+    dying = SimulatedUpstream(answering(LYON, ttft_s=0.2, die_after=3))
+    await primary.start()
+    await dying.start()
+    collectors = agent_config(primary.url).collectors
+    candidate_records: list[StreamRecord] = []
+    shadow = Shadow(
+        ShadowSettings(upstream=ShadowUpstream(url=dying.url), routes=(ROUTE,), sample_rate=1.0),
+        collectors,
+        record_shadow=candidate_records.append,
+    )
+    await shadow.start()
+    try:
+        proxied = await _proxied_record(dying.url)
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            record = await send_request(
+                session, primary.url, {}, "POST", "/v1/chat/completions", BODY, collectors
+            )
+        shadow.on_open(_exchange_of(record))
+        shadow.consume_record(record)
+        deadline = time.monotonic() + 5.0
+        while not shadow.recent_pairs():
+            assert time.monotonic() < deadline, shadow.stats
+            await asyncio.sleep(0.02)
+    finally:
+        await shadow.shutdown()
+        await primary.shutdown()
+        await dying.shutdown()
+    (candidate,) = candidate_records
+    # What the proxy recorded of the same cut stream: a 200 whose body broke off.
+    assert (proxied.status, proxied.error_type, proxied.upstream_aborted) == (
+        200,
+        "upstream_aborted",
+        True,
+    )
+    assert proxied.output_text == "The capital of "
+    for name in ("status", "error_type", "upstream_aborted", "output_text", "done", "truncated"):
+        assert getattr(candidate, name) == getattr(proxied, name), name
+    assert len(candidate.delta_ns) == len(proxied.delta_ns) == 3
+    assert candidate.ttft_s is not None and 0.2 <= candidate.ttft_s < 1.2
+    (pair,) = shadow.recent_pairs()
+    assert pair.result == "candidate_error"
+    assert (pair.shadow.status, pair.shadow.error_type) == (200, "upstream_aborted")
+    assert pair.shadow.ttft_s == candidate.ttft_s
+
+
+async def test_a_candidate_silent_before_its_response_head_is_the_proxys_504() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)  # the request, then nothing
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    collectors = agent_config("http://127.0.0.1:1").collectors
+    try:
+        timeout = aiohttp.ClientTimeout(sock_read=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            record = await send_request(
+                session,
+                f"http://127.0.0.1:{port}",
+                {},
+                "POST",
+                "/v1/chat/completions",
+                BODY,
+                collectors,
+            )
+    finally:
+        server.close()
+    assert (record.status, record.error_type, record.upstream_aborted) == (
+        504,
+        "upstream_timeout",
+        False,
+    )
+
+
+def _exchange_of(record: StreamRecord) -> Exchange:
+    """The exchange the tap would have opened for ``record``'s request."""
+    return Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        start_ns=record.start_ns,
+        status=record.status,
+        content_type="text/event-stream",
+        content_encoding=None,
+        response_ns=record.response_ns,
+        request_body=BODY,
+    )
 
 
 async def test_the_diff_log_is_off_by_default() -> None:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -18,9 +19,11 @@ from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.diff import default_segmenter
 from semhealth.agent.shadow.offline import (
     Candidate,
+    ask_candidate,
     candidate_url,
     diff_candidate,
     diff_recordings,
+    exchanges,
 )
 from semhealth.agent.shadow.pairs import PairResult
 from semhealth.embeddings import LocalBackend
@@ -148,6 +151,42 @@ async def test_a_candidate_that_is_down_gives_candidate_errors(tmp_path: Path) -
     )
     assert [pair.result for pair in compared.pairs] == ["candidate_error"] * 3
     assert {pair.shadow.status for pair in compared.pairs} == {502}
+
+
+async def test_a_candidate_that_dies_mid_stream_gives_candidate_errors_with_its_partial_answer(
+    tmp_path: Path,
+) -> None:
+    primary = answering(PARIS)
+    dying = SimulatedUpstream(lambda _request: Script(pieces=LYON, ttft_s=0.2, die_after=3))
+    await primary.start()
+    await dying.start()
+    config = agent_config(primary.url)
+    recording = tmp_path / "primary.jsonl"
+    try:
+        await record_traffic(primary.url, recording, requests=2)
+        candidate = Candidate(url=dying.url + "/v1")
+        compared = await diff_candidate([str(recording)], candidate, config, SEGMENT)
+        (streamed, *_rest) = exchanges([str(recording)], [])
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            record = await ask_candidate(session, candidate, streamed.recorded, config.collectors)
+    finally:
+        await primary.shutdown()
+        await dying.shutdown()
+    assert [pair.result for pair in compared.pairs] == ["candidate_error"] * 3
+    for pair in compared.pairs:
+        # As the proxy records a stream the upstream cut: its 200, not a 502 of its own.
+        assert (pair.shadow.status, pair.shadow.error_type) == (200, "upstream_aborted")
+    streamed_pairs = [pair for pair in compared.pairs if pair.primary.valid is None]  # not JSON
+    assert len(streamed_pairs) == 2
+    for pair in streamed_pairs:
+        assert pair.shadow.ttft_s is not None and 0.2 <= pair.shadow.ttft_s < 1.2
+    assert (record.status, record.error_type, record.upstream_aborted) == (
+        200,
+        "upstream_aborted",
+        True,
+    )
+    assert record.output_text == "The capital of "
+    assert len(record.delta_ns) == 3
 
 
 async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:

@@ -838,7 +838,6 @@ def _shadow_defaults() -> dict[str, object]:
         **{f"shadow.{k}": v for k, v in dataclasses.asdict(shadow).items()
            if k not in ("upstream", "rewrite_model", "routes", "methods", "tolerances")},
         "shadow.rewrite.model": shadow.rewrite_model,
-        "shadow.routes": list(shadow.routes),
         "shadow.methods": list(shadow.methods),
         "shadow.diff_log.max_bytes": DiffLog(path="").max_bytes,
         "shadow.upstream.headers": dict(upstream.headers),

@@ -349,6 +349,46 @@ async def test_unsafe_methods_and_unconfigured_routes_are_never_shadowed() -> No
     assert run.stats.pairs == {}
 
 
+async def test_a_shadow_block_without_routes_shadows_every_route() -> None:
+    primary, candidate = SimulatedUpstream(answering(PARIS)), SimulatedUpstream(answering(PARIS))
+    await primary.start()
+    await candidate.start()
+    config = agent_config(
+        primary.url,
+        **{
+            "shadow.upstream.url": candidate.url,
+            "shadow.sample_rate": 1.0,
+            "shadow.max_per_minute": 1000,
+        },
+    )
+    agent = Agent(config)
+    try:
+        await agent.start()
+        async with aiohttp.ClientSession() as session:
+            chat = {"model": "m", "messages": [{"role": "user", "content": QUESTION}]}
+            async with session.post(agent.proxy_url + "/v1/chat/completions", json=chat) as r:
+                await r.read()
+            answer = {"model": "m", "input": QUESTION}
+            async with session.post(agent.proxy_url + "/v1/responses", json=answer) as r:
+                await r.read()
+        assert agent.shadow is not None
+        deadline = time.monotonic() + 5.0
+        while sum(agent.shadow.stats.pairs.values()) < 2:
+            assert time.monotonic() < deadline, agent.shadow.stats
+            await asyncio.sleep(0.02)
+        stats = agent.shadow.stats
+    finally:
+        await agent.shutdown()
+        await primary.shutdown()
+        await candidate.shutdown()
+    assert sorted(r.path for r in candidate.received) == [
+        "/v1/chat/completions",
+        "/v1/responses",
+    ]
+    assert stats.pairs == {("chat_completions", "exact"): 1, ("responses", "exact"): 1}
+    assert stats.skipped == {}
+
+
 async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: LocalBackend) -> None:
     tolerances = Tolerances(min_pairs=3)
     async with shadowed(

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from semhealth.agent.config import (
     ShadowUpstream,
     Timeouts,
     Tolerances,
+    check_config_file,
     load_config,
 )
 from semhealth.agent.demo.simulator import SimulatedUpstream
@@ -33,6 +35,7 @@ from semhealth.agent.shadow.live import Shadow, TokenBucket
 from semhealth.agent.shadow.offline import send_request
 from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange, StreamRecord
+from semhealth.collectors.config import default_config
 from tests.agent.conftest import agent_config
 from tests.agent.shadow.test_live import LYON, PARIS, ROUTE, answering, ask, shadowed
 
@@ -354,3 +357,74 @@ def test_a_bad_shadow_block_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         load_config(str(path), {}, {})
     assert "shadow.upstream.url" in str(raised.value)
+
+
+# The route names a file without ``routes:`` has, in order: what the message lists.
+DEFAULT_ROUTES = ", ".join(dict.fromkeys(route.name for route in default_config().routes))
+
+
+def _issues(path: Path) -> list[str]:
+    return [
+        f"{issue.path}: {issue.message} (fix: {issue.fix})"
+        for issue in check_config_file(str(path), {})
+    ]
+
+
+def test_a_shadow_route_that_names_no_route_is_a_config_error_listing_the_routes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow:\n"
+        "  upstream: {url: 'http://127.0.0.1:8'}\n"
+        "  routes: [chat_completions, chat_completion]\n"
+    )
+    assert _issues(path) == [
+        "shadow.routes[1]: no route is named 'chat_completion'"
+        f" (fix: did you mean 'chat_completions'? (one of: {DEFAULT_ROUTES}))"
+    ]
+    (issue,) = check_config_file(str(path), {})
+    assert issue.line == 4  # the routes line: the config checks locate it in the file
+
+
+def test_shadow_routes_are_checked_against_the_routes_the_file_defines(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "routes:\n"
+        "  - {name: chat, match: /v1/chat/completions}\n"
+        "  - {name: rag, match: /rag/answer}\n"
+        "shadow:\n"
+        "  upstream: {url: 'http://127.0.0.1:8'}\n"
+        "  routes: [chat, chat_completions]\n"
+    )
+    assert _issues(path) == [
+        "shadow.routes[1]: no route is named 'chat_completions' (fix: use one of: chat, rag)"
+    ]
+
+
+async def test_semhealth_config_check_refuses_an_unknown_shadow_route(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow: {upstream: {url: 'http://127.0.0.1:8'}, routes: [mesages]}\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "config", "check", str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    assert "shadow.routes[0]: no route is named 'mesages'" in err.decode()
+    assert "did you mean 'messages'?" in err.decode()
+
+
+def test_an_empty_shadow_routes_list_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow: {upstream: {url: 'http://127.0.0.1:8'}, routes: []}\n"
+    )
+    (issue,) = check_config_file(str(path), {})
+    assert issue.path == "shadow.routes"

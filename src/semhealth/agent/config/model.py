@@ -557,7 +557,8 @@ class DiffLog:
 class ShadowSettings:
     upstream: ShadowUpstream
     rewrite_model: str | None = None  # ``rewrite: {model: ...}``: the JSON body's model
-    routes: tuple[str, ...] = ()  # collectors route names; none configured: nothing shadowed
+    # Route names (``routes[].name``) whose requests may be shadowed; None: every route.
+    routes: tuple[str, ...] | None = None
     sample_rate: float = 0.05
     max_per_minute: int = 60
     max_concurrent: int = 4
@@ -594,11 +595,35 @@ class ShadowSettings:
                 issues.append(ConfigIssue(name, f"{name} must be positive", "e.g. 900"))
         if not self.methods:
             issues.append(ConfigIssue("methods", "name at least one method", "POST is the default"))
+        if self.routes is not None and not self.routes:
+            issues.append(
+                ConfigIssue(
+                    "routes",
+                    "routes is empty: nothing would be shadowed",
+                    "leave routes out to shadow every route, or name the routes to shadow",
+                )
+            )
         if self.diff_log is not None and self.diff_log.max_bytes < 1:
             issues.append(
                 ConfigIssue("diff_log.max_bytes", "max_bytes must be at least 1", "e.g. 10485760")
             )
         return issues
+
+    def route_issues(self, known: Sequence[str]) -> list[ConfigIssue]:
+        """A name in ``routes`` that is none of the ``known`` route names would shadow
+        nothing, silently: each is an issue naming the routes there are."""
+        names = tuple(dict.fromkeys(known))
+        return [
+            ConfigIssue(
+                f"routes[{index}]", f"no route is named {show(name)}", checks.one_of(name, names)
+            )
+            for index, name in enumerate(self.routes or ())
+            if name not in names
+        ]
+
+    def shadowed_routes(self, known: Sequence[str]) -> tuple[str, ...]:
+        """The route names shadowed, of the ``known`` ones."""
+        return tuple(dict.fromkeys(known)) if self.routes is None else self.routes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

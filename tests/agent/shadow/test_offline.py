@@ -218,6 +218,52 @@ async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path)
     assert "Paris" not in stdout.decode() + out.read_text()  # numbers and ids, never text
 
 
+async def _diff(*args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "diff", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None, stderr.decode()
+    return process.returncode, stdout.decode()
+
+
+async def test_the_diff_command_judges_with_the_configured_tolerances(tmp_path: Path) -> None:
+    primary, candidate = answering(PARIS), answering(LYON)
+    await primary.start()
+    await candidate.start()
+    try:
+        ours, theirs = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        await record_traffic(primary.url, ours)
+        await record_traffic(candidate.url, theirs)
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    # One word in seven: distance 1/7, within the default 0.5, past 0.1.
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(
+        "shadow:\n"
+        "  upstream: {url: 'http://candidate:8000'}\n"
+        "  tolerances: {max_token_distance: 0.1, min_pairs: 5}\n"
+    )
+    defaults_json, tight_json = tmp_path / "defaults.json", tmp_path / "tight.json"
+    code, _ = await _diff(str(ours), str(theirs), "--no-relevance", "--json", str(defaults_json))
+    assert code == 0  # 5 pairs: too few for a verdict under the default min_pairs (30)
+    (route,) = orjson.loads(defaults_json.read_bytes())["routes"]
+    assert route["verdict"]["verdict"] == "insufficient"
+    code, stdout = await _diff(
+        str(ours), str(theirs), "--no-relevance", "--config", str(tight), "--json", str(tight_json)
+    )
+    assert code == 1
+    assert stdout.splitlines()[1].split()[-1] == "fail"
+    document = orjson.loads(tight_json.read_bytes())
+    assert document["tolerances"]["max_token_distance"] == 0.1
+    (route,) = document["routes"]
+    checks = {check["name"]: check for check in route["verdict"]["checks"]}
+    assert (checks["token_distance"]["limit"], checks["token_distance"]["passed"]) == (0.1, False)
+    assert route["verdict"]["verdict"] == "fail"
+
+
 async def test_a_candidate_that_answers_404_to_everything_is_named_in_the_first_line(
     tmp_path: Path,
 ) -> None:

@@ -428,3 +428,14 @@ def test_an_empty_shadow_routes_list_is_refused(tmp_path: Path) -> None:
     )
     (issue,) = check_config_file(str(path), {})
     assert issue.path == "shadow.routes"
+
+
+def test_a_shadow_block_without_a_candidate_is_refused(tmp_path: Path) -> None:
+    # It would shadow nothing, and semhealth diff would drop its tolerances, both silently.
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\nshadow:\n  tolerances: {max_token_distance: 0.1}\n"
+    )
+    (issue,) = check_config_file(str(path), {})
+    assert (issue.path, issue.line) == ("shadow", 2)
+    assert "upstream" in issue.message

@@ -325,6 +325,37 @@ async def test_budget_sampling_and_bodies_not_kept_are_shed_and_counted() -> Non
     assert run.candidate.received == []
 
 
+async def test_a_shadowed_stream_the_client_abandons_is_shed_not_compared() -> None:
+    slow = answering(PARIS * 10, gaps_s=0.05)  # 3.5 s of stream; the client leaves early
+    async with shadowed(slow, answering(PARIS * 10)) as run:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                run.agent.proxy_url + "/v1/chat/completions",
+                json={"model": "m", "stream": True, "messages": [{"role": "user"}]},
+            ) as response:
+                await response.content.readany()  # the first chunk, then hang up
+        await run.settled(1)
+    (primary,) = run.records
+    assert primary.client_aborted
+    assert run.stats.shed == {(ROUTE, "primary_incomplete"): 1}
+    assert run.stats.pairs == {(ROUTE, "shed"): 1}
+    assert run.pairs() == []
+    assert len(run.candidate.received) == 1  # the candidate was asked; its answer was not used
+
+
+async def test_a_primary_answer_cut_at_the_analysis_limit_is_shed_not_compared() -> None:
+    config = {"limits.max_response_bytes": 4096, "limits.max_frame_bytes": 4096}
+    async with shadowed(answering(PARIS * 40), answering(PARIS), config=config) as run:
+        client = run.client()
+        assert (await ask(client))[0] == "".join(PARIS * 40)  # the client got it all
+        await client.close()
+        await run.settled(1)
+    (primary,) = run.records
+    assert primary.truncated
+    assert run.stats.shed == {(ROUTE, "primary_incomplete"): 1}
+    assert run.pairs() == []
+
+
 async def _records(run: Shadowed, n: int, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while len(run.records) < n:

@@ -17,6 +17,7 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import ShadowSettings, ShadowUpstream, Timeouts, Tolerances
@@ -418,6 +419,47 @@ async def test_a_shadow_block_without_routes_shadows_every_route() -> None:
     ]
     assert stats.pairs == {("chat_completions", "exact"): 1, ("responses", "exact"): 1}
     assert stats.skipped == {}
+
+
+async def _scrape(admin_url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample the admin port's /metrics serves, by name and label set."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(admin_url + "/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_the_shadow_counters_are_served_on_the_admin_port() -> None:
+    async with shadowed(answering(PARIS), answering(PARIS), shadow={"max_per_minute": 2}) as run:
+        client = run.client()
+        for _ in range(4):
+            await ask(client)  # two within max_per_minute, two shed
+        await client.close()
+        async with aiohttp.ClientSession() as session:
+            url = run.agent.proxy_url + "/v1/chat/completions"
+            async with session.put(url, json={"model": "m", "messages": []}) as response:
+                await response.read()  # never shadowed: method
+            answer = {"model": "m", "input": QUESTION}
+            async with session.post(run.agent.proxy_url + "/v1/responses", json=answer) as r:
+                await r.read()  # never shadowed: a route shadowing was not configured for
+        await run.settled(4)
+        await _records(run, 6)
+        samples = await _scrape(run.agent.admin_url)
+
+    def value(name: str, **labels: str) -> float | None:
+        return samples.get((name, frozenset(labels.items())))
+
+    assert value("semhealth_shadow_shed_total", route=ROUTE, reason="max_per_minute") == 2.0
+    assert value("semhealth_shadow_skipped_total", reason="method") == 1.0
+    assert value("semhealth_shadow_skipped_total", reason="route") == 1.0
+    assert value("semhealth_shadow_errors_total") == 0.0
+    assert value("semantic_health_shadow_pairs_total", route=ROUTE, result="exact") == 2.0
+    assert value("semantic_health_shadow_pairs_total", route=ROUTE, result="shed") == 2.0
 
 
 async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: LocalBackend) -> None:

@@ -5,11 +5,23 @@ sends it again to the candidate; the real ``openai`` SDK as the client."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import openai
+import pytest
 
 from semhealth.agent.demo.simulator import SimulatedUpstream
-from tests.agent.shadow.test_live import API_HEADERS, CREDENTIALS, PARIS, answering, ask
+from tests.agent.shadow.test_live import (
+    API_HEADERS,
+    CREDENTIALS,
+    LYON,
+    PARIS,
+    ROUTE,
+    _scrape,
+    answering,
+    ask,
+)
 from tests.agent.test_planes import _until, sidecar
 
 
@@ -56,3 +68,44 @@ async def test_the_candidate_gets_the_clients_headers_across_the_tap_wire(tmp_pa
     assert shadow.headers.getall("anthropic-version") == ["2024-10-22"]
     for name in ("Authorization", *CREDENTIALS):
         assert name not in shadow.headers, name
+
+
+async def test_semhealth_run_shadows_as_its_yaml_block_says_and_serves_the_pairs(
+    tmp_path: Path,
+) -> None:
+    primary, candidate = SimulatedUpstream(answering(PARIS)), SimulatedUpstream(answering(LYON))
+    await primary.start()
+    await candidate.start()
+    config = _shadow_yaml(tmp_path / "semhealth.yaml", candidate.url, "  rewrite: {model: m2}\n")
+    try:
+        async with sidecar(primary.url, "--config", str(config)) as running:
+            client = openai.AsyncOpenAI(base_url=running.proxy + "/v1", api_key="k")
+            for _ in range(3):
+                assert (await ask(client))[0] == "".join(PARIS)
+            await client.close()
+            async with aiohttp.ClientSession() as session:
+
+                async def summary() -> dict[str, Any] | None:
+                    async with session.get(running.admin + "/shadow") as response:
+                        assert response.status == 200, await response.text()
+                        document: dict[str, Any] = await response.json()
+                    routes = document["routes"]
+                    return document if routes and routes[0]["pairs"] == 3 else None
+
+                await _until(summary)
+                document = await summary()
+            samples = await _scrape(running.admin)
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    assert [request.json["model"] for request in candidate.received] == ["m2"] * 3
+    assert document is not None
+    (route,) = document["routes"]
+    assert route["route"] == ROUTE
+    assert route["token_distance"]["mean"] == pytest.approx(1 / 7)
+    assert document["counts"]["pairs"] == {ROUTE: {"differs": 3}}
+    pairs = (
+        "semantic_health_shadow_pairs_total",
+        frozenset({("route", ROUTE), ("result", "differs")}),
+    )
+    assert samples[pairs] == 3.0

@@ -838,10 +838,10 @@ def _shadow_defaults() -> dict[str, object]:
         **{f"shadow.{k}": v for k, v in dataclasses.asdict(shadow).items()
            if k not in ("upstream", "rewrite_model", "routes", "methods", "tolerances")},
         "shadow.rewrite.model": shadow.rewrite_model,
-        "shadow.routes": list(shadow.routes),
         "shadow.methods": list(shadow.methods),
         "shadow.diff_log.max_bytes": DiffLog(path="").max_bytes,
         "shadow.upstream.headers": dict(upstream.headers),
+        "shadow.upstream.drop_headers": list(upstream.drop_headers),
         **{f"shadow.upstream.tls.{k}": v for k, v in dataclasses.asdict(upstream.tls).items()},
         **{f"shadow.upstream.timeouts.{k}": v
            for k, v in dataclasses.asdict(upstream.timeouts).items()},

@@ -43,6 +43,9 @@ exchanges = st.builds(
     request_body=st.none() | st.binary(max_size=200),
     request_skip=st.none() | st.just("oversized"),
     ratelimit_source=st.none() | st.text(max_size=10),
+    traceparent=st.none() | st.text(max_size=60),
+    request_headers=st.none()
+    | st.lists(st.tuples(st.text(max_size=20), st.text(max_size=40)), max_size=5).map(tuple),
 )
 
 

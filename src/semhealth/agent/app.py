@@ -347,7 +347,12 @@ class Agent:
         # Without an upstream (an OTLP receiver alone) there is nothing to proxy.
         proxied = in_process and config.upstream.url is not None
         self.proxy = (
-            Relay(upstream_settings(config), self.tap, listen=listen, stats=relay_stats)
+            Relay(
+                upstream_settings(config, self._shadow_settings()),
+                self.tap,
+                listen=listen,
+                stats=relay_stats,
+            )
             if proxied
             else None
         )

@@ -9,7 +9,8 @@ sheds and counts.
 
 A frame is a fixed header, ``<BIQI``: kind, stream id, monotonic ns, payload length, then
 the payload. ``OPEN`` carries the exchange's facts (JSON; keys added since are optional, so
-neighbouring versions of the two ends read each other) and the request body copy, ``DATA`` a
+neighbouring versions of the two ends read each other; while shadowing, the request headers
+the relay copied, its credentials denylist already applied) and the request body copy, ``DATA`` a
 body chunk as it arrived, ``CLOSE`` the outcome, ``STATS`` the forwarder's own counters
 (absolute values, so a restarted analysis process picks them up whole). Both processes
 import this module; it imports neither plane.
@@ -113,14 +114,24 @@ def decode_open(start_ns: int, payload: bytes) -> Exchange:
         request_skip=meta["request_skip"],
         ratelimit_source=meta["ratelimit_source"],
         traceparent=meta.get("traceparent"),
+        request_headers=_headers(meta.get("request_headers")),
     )
 
 
-def _optional(exchange: Exchange) -> dict[str, str]:
+def _optional(exchange: Exchange) -> dict[str, Any]:
     """Keys an OPEN frame carries only when set. The meta is a JSON object read by key, so a
     key added here is ignored by an older reader and absent keys read as None by a newer one:
     forwarders and analysis of neighbouring versions still understand each other."""
-    return {} if exchange.traceparent is None else {"traceparent": exchange.traceparent}
+    optional: dict[str, Any] = {}
+    if exchange.traceparent is not None:
+        optional["traceparent"] = exchange.traceparent
+    if exchange.request_headers is not None:  # only while shadowing: the relay's denylist applied
+        optional["request_headers"] = exchange.request_headers
+    return optional
+
+
+def _headers(pairs: list[list[str]] | None) -> tuple[tuple[str, str], ...] | None:
+    return None if pairs is None else tuple((name, value) for name, value in pairs)
 
 
 def encode_close(stream_id: int, outcome: Outcome, shed: bool) -> bytes:

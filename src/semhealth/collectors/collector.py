@@ -16,7 +16,7 @@ import fnmatch
 import re
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from semhealth.collectors.adapters.registry import detect_provider, make_adapter
@@ -65,6 +65,9 @@ class Exchange:
     # The request's W3C ``traceparent`` header as sent, unparsed: the relay only copies it
     # (one header lookup per exchange); ``parse_traceparent`` judges it in analysis.
     traceparent: str | None = None
+    # Request headers, (name, value) as sent, when the proxy was told to copy them (live
+    # shadowing resends them); None otherwise. Never in a repr: they may identify a client.
+    request_headers: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
 
 
 # W3C Trace Context, version-format: lowercase hex only. Version 00 is exactly these four

@@ -169,8 +169,21 @@ def test_changing_one_member_reports_exactly_that_path(document: dict[str, int])
     key = sorted(document)[0]
     changed = {**document, key: document[key] + 1}
     diff = json_diff(orjson.dumps(document).decode(), orjson.dumps(changed).decode())
-    assert len(diff.paths) == 1
-    assert diff.paths[0] in (f"$.{key}", f"$[{orjson.dumps(key).decode()}]")
+    # The spelling json_diff documents: $.name for an identifier, $["key"] (JSON) otherwise.
+    expected = f"$.{key}" if key.isidentifier() else f"$[{orjson.dumps(key).decode()}]"
+    assert diff.paths == (expected,)
+
+
+@pytest.mark.parametrize(
+    ("key", "path"),
+    [("city", "$.city"), ("_id2", "$._id2"), ("odd key", '$["odd key"]'), ("2x", '$["2x"]'),
+     ("a.b", '$["a.b"]'), ('say "hi"', '$["say \\"hi\\""]')],
+)  # fmt: skip
+def test_a_member_path_is_dotted_for_an_identifier_and_quoted_otherwise(
+    key: str, path: str
+) -> None:
+    diff = json_diff(orjson.dumps({key: 1}).decode(), orjson.dumps({key: 2}).decode())
+    assert diff.paths == (path,)
 
 
 # --------------------------------------------------------------------------- tool calls

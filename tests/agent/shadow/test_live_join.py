@@ -6,8 +6,10 @@ the tap its stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import orjson
 import pytest
 
 from semhealth.agent.analysis.tap import Tap
+from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import (
     TLS,
     ConfigError,
@@ -24,6 +27,7 @@ from semhealth.agent.config import (
     ShadowUpstream,
     Timeouts,
     Tolerances,
+    check_config_file,
     load_config,
 )
 from semhealth.agent.demo.simulator import SimulatedUpstream
@@ -31,6 +35,7 @@ from semhealth.agent.shadow.live import Shadow, TokenBucket
 from semhealth.agent.shadow.offline import send_request
 from semhealth.agent.wire import Outcome
 from semhealth.collectors import Exchange, StreamRecord
+from semhealth.collectors.config import default_config
 from tests.agent.conftest import agent_config
 from tests.agent.shadow.test_live import LYON, PARIS, ROUTE, answering, ask, shadowed
 
@@ -120,6 +125,119 @@ async def test_a_shadow_whose_primary_never_comes_expires_and_is_counted() -> No
     assert shadow.stats.waiting == 0 and shadow.stats.errors == 0
 
 
+async def _proxied_record(upstream_url: str) -> StreamRecord:
+    """The record the sidecar's proxy makes of one streamed question to ``upstream_url``."""
+    records: list[StreamRecord] = []
+    agent = Agent(agent_config(upstream_url), Settings(consumers=[records.append]))
+    await agent.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                agent.proxy_url + "/v1/chat/completions", data=BODY
+            ) as response:
+                with contextlib.suppress(aiohttp.ClientPayloadError):  # a cut stream
+                    await response.read()
+        deadline = time.monotonic() + 5.0
+        while not records:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+    finally:
+        await agent.shutdown()
+    (record,) = records
+    return record
+
+
+async def test_a_candidate_that_dies_mid_stream_is_recorded_as_the_proxy_records_it() -> None:
+    primary = SimulatedUpstream(answering(PARIS))
+    dying = SimulatedUpstream(answering(LYON, ttft_s=0.2, die_after=3))
+    await primary.start()
+    await dying.start()
+    collectors = agent_config(primary.url).collectors
+    candidate_records: list[StreamRecord] = []
+    shadow = Shadow(
+        ShadowSettings(upstream=ShadowUpstream(url=dying.url), routes=(ROUTE,), sample_rate=1.0),
+        collectors,
+        record_shadow=candidate_records.append,
+    )
+    await shadow.start()
+    try:
+        proxied = await _proxied_record(dying.url)
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            record = await send_request(
+                session, primary.url, {}, "POST", "/v1/chat/completions", BODY, collectors
+            )
+        shadow.on_open(_exchange_of(record))
+        shadow.consume_record(record)
+        deadline = time.monotonic() + 5.0
+        while not shadow.recent_pairs():
+            assert time.monotonic() < deadline, shadow.stats
+            await asyncio.sleep(0.02)
+    finally:
+        await shadow.shutdown()
+        await primary.shutdown()
+        await dying.shutdown()
+    (candidate,) = candidate_records
+    # What the proxy recorded of the same cut stream: a 200 whose body broke off.
+    assert (proxied.status, proxied.error_type, proxied.upstream_aborted) == (
+        200,
+        "upstream_aborted",
+        True,
+    )
+    assert proxied.output_text == "The capital of "
+    for name in ("status", "error_type", "upstream_aborted", "output_text", "done", "truncated"):
+        assert getattr(candidate, name) == getattr(proxied, name), name
+    assert len(candidate.delta_ns) == len(proxied.delta_ns) == 3
+    assert candidate.ttft_s is not None and 0.2 <= candidate.ttft_s < 1.2
+    (pair,) = shadow.recent_pairs()
+    assert pair.result == "candidate_error"
+    assert (pair.shadow.status, pair.shadow.error_type) == (200, "upstream_aborted")
+    assert pair.shadow.ttft_s == candidate.ttft_s
+
+
+async def test_a_candidate_silent_before_its_response_head_is_the_proxys_504() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)  # the request, then nothing
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    collectors = agent_config("http://127.0.0.1:1").collectors
+    try:
+        timeout = aiohttp.ClientTimeout(sock_read=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            record = await send_request(
+                session,
+                f"http://127.0.0.1:{port}",
+                {},
+                "POST",
+                "/v1/chat/completions",
+                BODY,
+                collectors,
+            )
+    finally:
+        server.close()
+    assert (record.status, record.error_type, record.upstream_aborted) == (
+        504,
+        "upstream_timeout",
+        False,
+    )
+
+
+def _exchange_of(record: StreamRecord) -> Exchange:
+    """The exchange the tap would have opened for ``record``'s request."""
+    return Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        start_ns=record.start_ns,
+        status=record.status,
+        content_type="text/event-stream",
+        content_encoding=None,
+        response_ns=record.response_ns,
+        request_body=BODY,
+    )
+
+
 async def test_the_diff_log_is_off_by_default() -> None:
     assert ShadowSettings(upstream=ShadowUpstream(url="http://x")).diff_log is None
     async with shadowed(
@@ -201,6 +319,7 @@ def test_the_yaml_shadow_block_becomes_the_settings(tmp_path: Path) -> None:
         "    tls: {verify: false}\n"
         "    timeouts: {connect_s: 2, read_s: 30, total_s: 60}\n"
         "    headers: {Authorization: Bearer c}\n"
+        "    drop_headers: [X-Internal-Token]\n"
         "  rewrite: {model: m2}\n"
         "  routes: [chat_completions]\n"
         "  sample_rate: 0.25\n"
@@ -214,7 +333,9 @@ def test_the_yaml_shadow_block_becomes_the_settings(tmp_path: Path) -> None:
         tls=TLS(verify=False),
         timeouts=Timeouts(connect_s=2, read_s=30, total_s=60),
         headers={"Authorization": "Bearer c"},
+        drop_headers=("X-Internal-Token",),
     )
+    assert "x-internal-token" in settings.upstream.dropped_headers()
     assert (settings.rewrite_model, settings.routes, settings.sample_rate) == (
         "m2",
         ("chat_completions",),
@@ -236,3 +357,85 @@ def test_a_bad_shadow_block_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         load_config(str(path), {}, {})
     assert "shadow.upstream.url" in str(raised.value)
+
+
+# The route names a file without ``routes:`` has, in order: what the message lists.
+DEFAULT_ROUTES = ", ".join(dict.fromkeys(route.name for route in default_config().routes))
+
+
+def _issues(path: Path) -> list[str]:
+    return [
+        f"{issue.path}: {issue.message} (fix: {issue.fix})"
+        for issue in check_config_file(str(path), {})
+    ]
+
+
+def test_a_shadow_route_that_names_no_route_is_a_config_error_listing_the_routes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow:\n"
+        "  upstream: {url: 'http://127.0.0.1:8'}\n"
+        "  routes: [chat_completions, chat_completion]\n"
+    )
+    assert _issues(path) == [
+        "shadow.routes[1]: no route is named 'chat_completion'"
+        f" (fix: did you mean 'chat_completions'? (one of: {DEFAULT_ROUTES}))"
+    ]
+    (issue,) = check_config_file(str(path), {})
+    assert issue.line == 4  # the routes line: the config checks locate it in the file
+
+
+def test_shadow_routes_are_checked_against_the_routes_the_file_defines(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "routes:\n"
+        "  - {name: chat, match: /v1/chat/completions}\n"
+        "  - {name: rag, match: /rag/answer}\n"
+        "shadow:\n"
+        "  upstream: {url: 'http://127.0.0.1:8'}\n"
+        "  routes: [chat, chat_completions]\n"
+    )
+    assert _issues(path) == [
+        "shadow.routes[1]: no route is named 'chat_completions' (fix: use one of: chat, rag)"
+    ]
+
+
+async def test_semhealth_config_check_refuses_an_unknown_shadow_route(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow: {upstream: {url: 'http://127.0.0.1:8'}, routes: [mesages]}\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "config", "check", str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    assert "shadow.routes[0]: no route is named 'mesages'" in err.decode()
+    assert "did you mean 'messages'?" in err.decode()
+
+
+def test_an_empty_shadow_routes_list_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\n"
+        "shadow: {upstream: {url: 'http://127.0.0.1:8'}, routes: []}\n"
+    )
+    (issue,) = check_config_file(str(path), {})
+    assert issue.path == "shadow.routes"
+
+
+def test_a_shadow_block_without_a_candidate_is_refused(tmp_path: Path) -> None:
+    # It would shadow nothing, and semhealth diff would drop its tolerances, both silently.
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:9'}\nshadow:\n  tolerances: {max_token_distance: 0.1}\n"
+    )
+    (issue,) = check_config_file(str(path), {})
+    assert (issue.path, issue.line) == ("shadow", 2)
+    assert "upstream" in issue.message

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -18,9 +19,11 @@ from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.diff import default_segmenter
 from semhealth.agent.shadow.offline import (
     Candidate,
+    ask_candidate,
     candidate_url,
     diff_candidate,
     diff_recordings,
+    exchanges,
 )
 from semhealth.agent.shadow.pairs import PairResult
 from semhealth.embeddings import LocalBackend
@@ -150,6 +153,42 @@ async def test_a_candidate_that_is_down_gives_candidate_errors(tmp_path: Path) -
     assert {pair.shadow.status for pair in compared.pairs} == {502}
 
 
+async def test_a_candidate_that_dies_mid_stream_gives_candidate_errors_with_its_partial_answer(
+    tmp_path: Path,
+) -> None:
+    primary = answering(PARIS)
+    dying = SimulatedUpstream(lambda _request: Script(pieces=LYON, ttft_s=0.2, die_after=3))
+    await primary.start()
+    await dying.start()
+    config = agent_config(primary.url)
+    recording = tmp_path / "primary.jsonl"
+    try:
+        await record_traffic(primary.url, recording, requests=2)
+        candidate = Candidate(url=dying.url + "/v1")
+        compared = await diff_candidate([str(recording)], candidate, config, SEGMENT)
+        (streamed, *_rest) = exchanges([str(recording)], [])
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            record = await ask_candidate(session, candidate, streamed.recorded, config.collectors)
+    finally:
+        await primary.shutdown()
+        await dying.shutdown()
+    assert [pair.result for pair in compared.pairs] == ["candidate_error"] * 3
+    for pair in compared.pairs:
+        # As the proxy records a stream the upstream cut: its 200, not a 502 of its own.
+        assert (pair.shadow.status, pair.shadow.error_type) == (200, "upstream_aborted")
+    streamed_pairs = [pair for pair in compared.pairs if pair.primary.valid is None]  # not JSON
+    assert len(streamed_pairs) == 2
+    for pair in streamed_pairs:
+        assert pair.shadow.ttft_s is not None and 0.2 <= pair.shadow.ttft_s < 1.2
+    assert (record.status, record.error_type, record.upstream_aborted) == (
+        200,
+        "upstream_aborted",
+        True,
+    )
+    assert record.output_text == "The capital of "
+    assert len(record.delta_ns) == 3
+
+
 async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     primary, candidate = answering(PARIS), answering(LYON)
     await primary.start()
@@ -177,6 +216,52 @@ async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path)
     (route,) = document["routes"]
     assert route["token_distance"]["n"] == 5
     assert "Paris" not in stdout.decode() + out.read_text()  # numbers and ids, never text
+
+
+async def _diff(*args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "diff", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None, stderr.decode()
+    return process.returncode, stdout.decode()
+
+
+async def test_the_diff_command_judges_with_the_configured_tolerances(tmp_path: Path) -> None:
+    primary, candidate = answering(PARIS), answering(LYON)
+    await primary.start()
+    await candidate.start()
+    try:
+        ours, theirs = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        await record_traffic(primary.url, ours)
+        await record_traffic(candidate.url, theirs)
+    finally:
+        await primary.shutdown()
+        await candidate.shutdown()
+    # One word in seven: distance 1/7, within the default 0.5, past 0.1.
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(
+        "shadow:\n"
+        "  upstream: {url: 'http://candidate:8000'}\n"
+        "  tolerances: {max_token_distance: 0.1, min_pairs: 5}\n"
+    )
+    defaults_json, tight_json = tmp_path / "defaults.json", tmp_path / "tight.json"
+    code, _ = await _diff(str(ours), str(theirs), "--no-relevance", "--json", str(defaults_json))
+    assert code == 0  # 5 pairs: too few for a verdict under the default min_pairs (30)
+    (route,) = orjson.loads(defaults_json.read_bytes())["routes"]
+    assert route["verdict"]["verdict"] == "insufficient"
+    code, stdout = await _diff(
+        str(ours), str(theirs), "--no-relevance", "--config", str(tight), "--json", str(tight_json)
+    )
+    assert code == 1
+    assert stdout.splitlines()[1].split()[-1] == "fail"
+    document = orjson.loads(tight_json.read_bytes())
+    assert document["tolerances"]["max_token_distance"] == 0.1
+    (route,) = document["routes"]
+    checks = {check["name"]: check for check in route["verdict"]["checks"]}
+    assert (checks["token_distance"]["limit"], checks["token_distance"]["passed"]) == (0.1, False)
+    assert route["verdict"]["verdict"] == "fail"
 
 
 async def test_a_candidate_that_answers_404_to_everything_is_named_in_the_first_line(

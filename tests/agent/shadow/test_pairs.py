@@ -167,5 +167,42 @@ def test_a_measure_that_could_not_be_taken_with_nothing_failed_is_insufficient()
     assert verdict.verdict == "insufficient"
 
 
+# Per-pair values whose mean passes its tolerance while the interval's conservative end does
+# not (tolerances: the defaults). Every other measure is well within its own.
+CONSERVATIVE_END_CASES = {
+    # 1 failure in 100: a mean of 0.01 meets max_error_rate 0.01; resamples with two or more
+    # failures put the interval's high end above it.
+    "candidate_error_rate": {"candidate_errors": [1.0] + [0.0] * 99},
+    # 0 and 0.9 in turn: mean 0.45 under max_token_distance 0.5, high end above it.
+    "token_distance": {"token_distances": [0.0, 0.9] * 25},
+    # 1.0 and 0.64 in turn: mean 0.82 over min_agreement 0.8, low end under it.
+    "answer_agreement": {"agreements": [1.0, 0.64] * 25},
+    # 0.8 and 1.5 in turn: mean 1.15 under max_ttft_ratio 1.2, high end above it.
+    "ttft_ratio": {"ttft_ratios": [0.8, 1.5] * 25},
+}
+
+
+@pytest.mark.parametrize("name", CONSERVATIVE_END_CASES)
+def test_each_check_is_judged_on_the_conservative_end_of_its_interval(name: str) -> None:
+    measures: dict[str, list[float]] = {
+        "token_distances": [0.1] * 50,
+        "agreements": [0.95] * 50,
+        "ttft_ratios": [1.0] * 50,
+        "candidate_errors": [0.0] * 50,
+    }
+    measures.update(CONSERVATIVE_END_CASES[name])
+    verdict = judge(**measures, tolerances=Tolerances())  # type: ignore[arg-type]
+    checks = {check.name: check for check in verdict.checks}
+    check = checks[name]
+    assert check.interval is not None
+    if name == "answer_agreement":  # a floor: its conservative end is the low one
+        assert check.interval.mean >= check.limit > check.interval.low
+    else:
+        assert check.interval.mean <= check.limit < check.interval.high
+    assert check.passed is False
+    assert [other.passed for other in verdict.checks if other.name != name] == [True] * 3
+    assert verdict.verdict == "fail"
+
+
 def test_too_few_pairs_is_no_verdict() -> None:
     assert _judge(0.1, 0.95, 1.0, 0, pairs=5) == "insufficient"

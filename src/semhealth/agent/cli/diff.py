@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 # The parser is built in every process, the forwarding one included, which must not load
 # analysis dependencies: the comparison's modules are imported when ``diff`` runs.
 if TYPE_CHECKING:
+    from semhealth.agent.config import Tolerances
     from semhealth.agent.shadow.offline import Compared
 
 
@@ -46,7 +47,11 @@ def add_parser(commands: Any) -> None:
     diff.add_argument("--rewrite-model", metavar="MODEL", help="send this model name instead")
     diff.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
     diff.add_argument("--tokenizer", metavar="FILE", help="count tokens with this tokenizer.json")
-    diff.add_argument("--config", metavar="FILE", help="YAML configuration (routes, relevance)")
+    diff.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration: routes, relevance and the verdict's shadow.tolerances",
+    )
     diff.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
     diff.add_argument("--no-relevance", action="store_true", help="no semantic agreement")
 
@@ -117,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
             first, second = args.files
             compared = await diff_recordings(first, second, config, segment, progress=bar.update)
         bar.close()
-        return _report(args, compared)
+        return _report(args, compared, config.shadow.tolerances if config.shadow else None)
 
     return run_async(run())
 
@@ -126,7 +131,8 @@ def _all_not_found(compared: Compared) -> bool:
     return bool(compared.pairs) and all(pair.shadow.status == 404 for pair in compared.pairs)
 
 
-def _report(args: argparse.Namespace, compared: Compared) -> int:
+def _report(args: argparse.Namespace, compared: Compared, tolerances: Tolerances | None) -> int:
+    """``tolerances``: the configuration's ``shadow.tolerances``; None: the defaults."""
     import orjson
 
     from semhealth.agent.config import Tolerances
@@ -147,7 +153,7 @@ def _report(args: argparse.Namespace, compared: Compared) -> int:
             f"semhealth diff: the candidate answered 404 to every request: is {args.candidate} "
             "the base URL its API is served under?"
         )
-    tolerances = Tolerances()
+    tolerances = tolerances or Tolerances()
     summaries = summarise(compared.pairs, tolerances)
     print(table(summaries))
     if args.json is not None:

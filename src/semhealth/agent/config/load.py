@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from semhealth.agent.config.checks import route_issues
+from semhealth.agent.config.checks import route_issues, under
 from semhealth.agent.config.document import Document, Path, overlaps, parse_path
 from semhealth.agent.config.env import apply_env, apply_overrides
 from semhealth.agent.config.limits import read_limited
@@ -102,13 +102,17 @@ def _spare_key_variables(doc: Document, config: Config) -> None:
 
 
 def _meaning(config: Config, routes: list[tuple[int, Route]]) -> list[ConfigIssue]:
-    """``Config.validate()``, with routes judged at their index in the file.
+    """``Config.validate()``, with routes judged at their index in the file, and the
+    ``shadow.routes`` names judged against the routes there are.
 
     The built config lacks the routes the schema rejected, so its own route indices
     can be off; everything else comes from ``validate()``, the one list of checks.
     """
     without_routes = replace(config, collectors=replace(config.collectors, routes=()))
-    return without_routes.validate() + route_issues(routes)
+    shadow = config.shadow
+    names = [route.name for route in config.collectors.routes]
+    shadowed = [] if shadow is None else under("shadow", shadow.route_issues(names))
+    return without_routes.validate() + route_issues(routes) + shadowed
 
 
 # -- building the dataclasses ---------------------------------------------------------------
@@ -211,9 +215,12 @@ def _build_shadow(shadow: dict[str, Any]) -> ShadowSettings | None:
             tls=_fill(TLS(), _section(upstream, "tls")),
             timeouts=_fill(Timeouts(total_s=300.0), _section(upstream, "timeouts")),
             headers=dict(_section(upstream, "headers")),
+            drop_headers=tuple(h for h in upstream.get("drop_headers", ()) if isinstance(h, str)),
         ),
         rewrite_model=_section(shadow, "rewrite").get("model"),
-        routes=tuple(r for r in shadow.get("routes", ()) if isinstance(r, str)),
+        routes=tuple(r for r in shadow["routes"] if isinstance(r, str))
+        if isinstance(shadow.get("routes"), list)
+        else None,
         methods=tuple(m for m in shadow.get("methods", ("POST",)) if isinstance(m, str)),
         tolerances=_fill(Tolerances(), _section(shadow, "tolerances")),
         diff_log=_fill(DiffLog(path=diff_log["path"]), diff_log)

@@ -526,16 +526,45 @@ class Tolerances:
     min_pairs: int = 30
 
 
+# The client's credentials and cookies: never sent to the candidate, whatever the
+# configuration says (the candidate gets its own through ``shadow.upstream.headers``).
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie")
+# Fields about the client's connection, not its request (RFC 9110 §7.6.1), and the body's
+# framing: the shadow request is a new connection and sends the (perhaps rewritten) body whole,
+# with a length of its own.
+HOP_BY_HOP_HEADERS = (
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "expect",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShadowUpstream:
-    """The candidate: fixed by configuration, like the primary upstream."""
+    """The candidate: fixed by configuration, like the primary upstream.
+
+    A shadow request carries the client's headers less ``dropped_headers()``, then
+    ``headers`` over them (a configured name replaces the client's, whatever its case)."""
 
     url: str
     tls: TLS = field(default_factory=TLS)
     timeouts: Timeouts = field(default_factory=lambda: Timeouts(total_s=300.0))
-    # Sent with every shadow request (the candidate's API key, say). The client's own
-    # headers are not copied by the relay and are never forwarded to the candidate.
+    # Sent with every shadow request (the candidate's API key, say), over the client's own.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Client headers never sent to the candidate, beyond ``CREDENTIAL_HEADERS``.
+    drop_headers: tuple[str, ...] = ()
+
+    def dropped_headers(self) -> frozenset[str]:
+        """Lowercase names of the client's headers the candidate never gets."""
+        names = (*HOP_BY_HOP_HEADERS, *CREDENTIAL_HEADERS, *self.drop_headers)
+        return frozenset(name.lower() for name in names)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -550,7 +579,8 @@ class DiffLog:
 class ShadowSettings:
     upstream: ShadowUpstream
     rewrite_model: str | None = None  # ``rewrite: {model: ...}``: the JSON body's model
-    routes: tuple[str, ...] = ()  # collectors route names; none configured: nothing shadowed
+    # Route names (``routes[].name``) whose requests may be shadowed; None: every route.
+    routes: tuple[str, ...] | None = None
     sample_rate: float = 0.05
     max_per_minute: int = 60
     max_concurrent: int = 4
@@ -587,11 +617,35 @@ class ShadowSettings:
                 issues.append(ConfigIssue(name, f"{name} must be positive", "e.g. 900"))
         if not self.methods:
             issues.append(ConfigIssue("methods", "name at least one method", "POST is the default"))
+        if self.routes is not None and not self.routes:
+            issues.append(
+                ConfigIssue(
+                    "routes",
+                    "routes is empty: nothing would be shadowed",
+                    "leave routes out to shadow every route, or name the routes to shadow",
+                )
+            )
         if self.diff_log is not None and self.diff_log.max_bytes < 1:
             issues.append(
                 ConfigIssue("diff_log.max_bytes", "max_bytes must be at least 1", "e.g. 10485760")
             )
         return issues
+
+    def route_issues(self, known: Sequence[str]) -> list[ConfigIssue]:
+        """A name in ``routes`` that is none of the ``known`` route names would shadow
+        nothing, silently: each is an issue naming the routes there are."""
+        names = tuple(dict.fromkeys(known))
+        return [
+            ConfigIssue(
+                f"routes[{index}]", f"no route is named {show(name)}", checks.one_of(name, names)
+            )
+            for index, name in enumerate(self.routes or ())
+            if name not in names
+        ]
+
+    def shadowed_routes(self, known: Sequence[str]) -> tuple[str, ...]:
+        """The route names shadowed, of the ``known`` ones."""
+        return tuple(dict.fromkeys(known)) if self.routes is None else self.routes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

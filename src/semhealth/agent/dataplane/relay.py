@@ -41,6 +41,7 @@ _HOP_BY_HOP = frozenset(
 )
 _REQUEST_DROP = _HOP_BY_HOP | {b"host", b"transfer-encoding", b"proxy-authorization", b"trailer"}
 _MAX_HEAD_BYTES = 64 * 1024
+_Headers = tuple[tuple[str, str], ...]
 _RETRY_KEEP_BYTES = 64 * 1024  # a request this small is resent when a pooled connection was stale
 # Requests that may be sent twice (RFC 9110 §9.2.2), as Go's http.Transport decides.
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
@@ -64,6 +65,10 @@ class UpstreamSettings:
     total_timeout_s: float | None = None
     max_request_bytes: int = 1 << 20  # larger bodies are forwarded, not copied for analysis
     unix_path: str | None = None  # connect here instead of host:port (the admin front)
+    # None: the tap gets no request headers. Else it gets every header the client sent but
+    # these lowercase names (live shadowing's credentials denylist), the hop-by-hop ones and
+    # those the Connection header lists: what is not copied never leaves this process.
+    tap_headers_drop: frozenset[bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1094,6 +1099,10 @@ class Relay:
         # answers its health checks itself.
         self.local = local
         self.stats = stats or RelayStats()
+        drop = upstream.tap_headers_drop
+        self._tap_headers_drop = (
+            None if drop is None else drop | _REQUEST_DROP | {b"content-length", b"expect"}
+        )
         self.clients: set[_ClientConnection] = set()
         self.active = 0  # exchanges in progress
         self.closing = False
@@ -1140,8 +1149,21 @@ class Relay:
             ratelimit_source=ratelimit_source,
             # Copied, not parsed: analysis judges it. Once per exchange, never per chunk.
             traceparent=_header(request.headers, b"traceparent"),
+            request_headers=self._tap_headers(request.headers),
         )
         return tap.open_stream(exchange)
+
+    def _tap_headers(self, headers: list[tuple[bytes, bytes]]) -> _Headers | None:
+        """The request headers analysis may have; once per exchange, only when asked for."""
+        drop = self._tap_headers_drop
+        if drop is None:
+            return None
+        drop = drop | _connection_tokens(headers)
+        return tuple(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in headers
+            if name.lower() not in drop
+        )
 
     async def start(
         self, host: str, port: int, *, reuse_port: bool = False, sock: socket.socket | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from semhealth.agent.config import Config
+from semhealth.agent.config import Config, ShadowSettings
 from semhealth.agent.dataplane.forwarder import ForwarderSettings
 from semhealth.agent.dataplane.relay import ListenSettings, UpstreamSettings
 
@@ -31,7 +31,10 @@ def hardening(config: Config) -> Hardening:
     )
 
 
-def upstream_settings(config: Config) -> UpstreamSettings:
+def upstream_settings(config: Config, shadow: ShadowSettings | None = None) -> UpstreamSettings:
+    """``shadow``: the live shadowing that runs (None: the configuration's, if any). With one,
+    the relay copies the request headers it may resend, less its denylist."""
+    shadow = shadow or config.shadow
     upstream = config.upstream
     if upstream.url is None:
         raise ValueError(
@@ -47,6 +50,9 @@ def upstream_settings(config: Config) -> UpstreamSettings:
         read_timeout_s=upstream.timeouts.read_s,
         total_timeout_s=upstream.timeouts.total_s,
         max_request_bytes=config.collectors.limits.max_request_bytes,
+        tap_headers_drop=None
+        if shadow is None
+        else frozenset(name.encode("latin-1") for name in shadow.upstream.dropped_headers()),
     )
 
 

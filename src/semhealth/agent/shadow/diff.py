@@ -133,9 +133,7 @@ def _differences(a: Any, b: Any, path: str) -> Iterator[str]:
     JSON types differ at their own path (1 and 1.0 are equal, as JSON numbers)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(a.keys() | b.keys()):
-            child = (
-                f"{path}.{key}" if key.isidentifier() else f"{path}[{orjson.dumps(key).decode()}]"
-            )
+            child = _member(path, key)
             if key not in a or key not in b:
                 yield child
             else:

@@ -13,11 +13,16 @@ Which requests are shadowed:
 - only ``methods`` (default ``POST``: an LLM API's POST reads a model and changes nothing,
   so sending it twice is safe; add others only for APIs where that holds);
 - only requests on the configured ``routes`` (the collectors' route names, matched by the
-  collectors' own ``match_route``);
+  collectors' own ``match_route``), every route when none are named; a name that is no
+  route is refused (``config check`` and here);
 - a ``sample_rate`` share of those, within ``max_per_minute`` (a token bucket) and
   ``max_concurrent`` candidate requests in flight; over budget they are shed and counted;
 - never one whose body the relay did not copy (``body_not_kept``) or larger than
   ``max_body_bytes``.
+
+The shadow request carries the client's headers less credentials, cookies, hop-by-hop
+fields and ``upstream.drop_headers`` (the relay leaves those out before copying, and
+``candidate_headers`` checks again), then ``upstream.headers`` over them.
 
 The candidate's answer becomes its own ``StreamRecord`` (the same collectors, through
 ``offline.send_request``), goes to the metrics with ``variant="shadow"`` and is joined with
@@ -160,12 +165,13 @@ class Shadow:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
-        problems = settings.validate()
+        known = [route.name for route in collectors.routes]
+        problems = settings.validate() + settings.route_issues(known)
         if problems:
             raise ValueError("; ".join(f"shadow.{issue}" for issue in problems))
         self._settings = settings
         self._collectors = collectors
-        self._routes = frozenset(settings.routes)
+        self._routes = frozenset(settings.shadowed_routes(known))
         self._methods = frozenset(method.upper() for method in settings.methods)
         # A bad tokenizer file stops start-up here, its path in the message.
         self._segment: Segmenter = (
@@ -208,6 +214,11 @@ class Shadow:
         )
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="semhealth-shadow-sweep")
         self._accepting = True
+        log.info(
+            "shadowing %.4g of the requests on routes %s to the candidate",
+            self._settings.sample_rate,
+            ", ".join(sorted(self._routes)),
+        )
 
     async def shutdown(self, timeout_s: float = 2.0) -> None:
         """Stop taking exchanges, let pairs in flight finish within the deadline, then close."""
@@ -320,7 +331,7 @@ class Shadow:
             record = await send_request(
                 session,
                 upstream.url,
-                upstream.headers,
+                candidate_headers(exchange.request_headers, upstream),
                 exchange.method,
                 exchange.path,
                 body,
@@ -471,6 +482,17 @@ class Shadow:
             "waiting": self.stats.waiting,
         }
         return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def candidate_headers(
+    client: Iterable[tuple[str, str]] | None, upstream: ShadowUpstream
+) -> list[tuple[str, str]]:
+    """What a shadow request carries: the client's headers less the denylist (credentials,
+    cookies, hop-by-hop, ``drop_headers``), then ``upstream.headers`` over them. The relay
+    already left the denylisted ones out; checked again here, where they would be sent."""
+    drop = upstream.dropped_headers() | {name.lower() for name in upstream.headers}
+    kept = [(name, value) for name, value in client or () if name.lower() not in drop]
+    return kept + list(upstream.headers.items())
 
 
 def _nested(items: Iterable[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:

@@ -16,7 +16,8 @@ The pair measures are histograms declared with the agent's other instruments
 - gauges ``semhealth_shadow_in_flight`` and ``semhealth_shadow_waiting``.
 
 The candidate's own records go through a ``Recorder`` with ``variant="shadow"``, so every
-semantic and GenAI series exists for it beside the primary's (which carries no variant).
+semantic and GenAI series exists for it beside the primary's (``variant="primary"`` while
+shadowing runs, unless a configured variant, a canary's say, is the primary's).
 """
 
 from __future__ import annotations

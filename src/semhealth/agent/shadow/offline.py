@@ -141,22 +141,28 @@ def candidate_url(base_url: str, path: str) -> str:
     return urlunsplit((base.scheme, base.netloc, request_path, query, ""))
 
 
+Headers = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
 async def send_request(
     session: aiohttp.ClientSession,
     base_url: str,
-    headers: Mapping[str, str],
+    headers: Headers,
     method: str,
     path: str,
     body: bytes | None,
     collectors: CollectorsConfig,
 ) -> StreamRecord:
-    """The answer of the upstream at ``base_url`` to one request, analysed as the tap
-    analyses one (timed as it arrives, the same StreamCollector); a failed connection is a
-    502 record, as the proxy would have answered. Offline ``diff`` and live shadowing both
-    send through here."""
-    sent = {"Content-Type": "application/json", **headers}
+    """The answer of the upstream at ``base_url`` to one request, recorded as the proxy
+    records one: timed as it arrives, analysed by the same StreamCollector, and a failure
+    marked as the relay marks it (``_failed``). Offline ``diff`` and live shadowing both send
+    through here. ``headers`` are sent as given, a JSON Content-Type added if none is."""
+    sent = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    if not any(name.lower() == "content-type" for name, _ in sent):
+        sent.append(("Content-Type", "application/json"))
     start = time.monotonic_ns()
     url = candidate_url(base_url, path)
+    collector: StreamCollector | None = None
     try:
         async with session.request(method, url, data=body, headers=sent) as response:
             exchange = Exchange(
@@ -174,18 +180,43 @@ async def send_request(
                 collector.feed(chunk, time.monotonic_ns())
             return collector.finish(time.monotonic_ns())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        failed = Exchange(
-            method=method,
-            path=path,
-            start_ns=start,
-            status=502,
-            content_type=None,
-            content_encoding=None,
-            response_ns=None,
-            request_body=body,
-        )
-        kind = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_unreachable"
-        return StreamCollector(failed, collectors).finish(time.monotonic_ns(), error_type=kind)
+        return _failed(collector, exc, start, method, path, body, collectors)
+
+
+# The relay's own answers when no response head came (``dataplane.relay``'s ``_ERRORS``).
+_NO_HEAD_STATUS = {"upstream_unreachable": 502, "upstream_timeout": 504}
+
+
+def _failed(
+    collector: StreamCollector | None,
+    exc: Exception,
+    start: int,
+    method: str,
+    path: str,
+    body: bytes | None,
+    collectors: CollectorsConfig,
+) -> StreamRecord:
+    """The record of a request that failed, as the relay's outcome would make it. Mid-body
+    (a collector was fed): the upstream's status, the answer as far as it came, and the cut
+    (``upstream_aborted``, ``error_type`` upstream_aborted or upstream_timeout). Before the
+    response head: the relay's own 502 or 504, nothing analysed."""
+    end = time.monotonic_ns()
+    timed_out = isinstance(exc, TimeoutError)
+    if collector is not None:
+        kind = "upstream_timeout" if timed_out else "upstream_aborted"
+        return collector.finish(end, upstream_aborted=True, error_type=kind)
+    kind = "upstream_timeout" if timed_out else "upstream_unreachable"
+    failed = Exchange(
+        method=method,
+        path=path,
+        start_ns=start,
+        status=_NO_HEAD_STATUS[kind],
+        content_type=None,
+        content_encoding=None,
+        response_ns=None,
+        request_body=body,
+    )
+    return StreamCollector(failed, collectors).finish(end, error_type=kind)
 
 
 async def ask_candidate(

@@ -146,6 +146,45 @@ async def test_run_with_a_bad_config_exits_2_and_says_why(tmp_path: Path) -> Non
     assert b"ftp" in err
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(None, "does not exist"), ("{not json", "not a readable tokenizer.json")],
+    ids=["missing", "unparsable"],
+)
+async def test_run_with_a_bad_shadow_tokenizer_stops_at_start_up_and_says_why(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
+    # It used to start, then restart the analysis process forever, each time on a traceback,
+    # while the proxy port never listened.
+    tokenizer = tmp_path / "tokenizer.json"
+    if content is not None:
+        tokenizer.write_text(content)
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(
+        f"upstream: {{url: 'http://127.0.0.1:{free_port()}'}}\n"
+        f"listen: {{proxy: '127.0.0.1:{free_port()}', admin: '127.0.0.1:{free_port()}'}}\n"
+        f"shadow:\n  upstream: {{url: 'http://127.0.0.1:{free_port()}'}}\n"
+        f"  routes: [chat_completions]\n  tokenizer: {tokenizer}\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run", "--config", str(config),
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # A bound against restarting forever, far above what stopping takes.
+        _, err = await asyncio.wait_for(process.communicate(), 90)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = err.decode()
+    assert process.returncode == 2, text
+    assert f"{config}:6:3: shadow.tokenizer: " in text
+    assert reason in text
+    assert "Traceback" not in text
+    assert "restarting in" not in text
+
+
 async def test_demo_runs_live_traffic_and_prints_a_summary() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "semhealth.agent.cli", "demo",

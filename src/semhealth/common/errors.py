@@ -5,6 +5,8 @@
      │    ├── agent.errors.ConfigError      the configuration is invalid
      │    └── alerts.errors.RuleError       alert rules are invalid (start-up, reload)
      ├── agent.errors.RelevanceStartError   relevance was required and could not start
+     ├── agent.errors.ConfigRefused         a process `semhealth run` started refused its config
+     ├── common.tls.TLSFileError            a TLS file that does not load
      ├── agent.kube.errors.InjectionError   a manifest cannot take the sidecar
      ├── alerts.errors.AlertsError          root of the alerts package's errors
      └── embeddings.errors.EmbeddingError   root of the embeddings package's errors

@@ -86,16 +86,23 @@ __all__ = [
 
 
 def load_config(
-    path: str | None, env: Mapping[str, str], overrides: Mapping[str, object]
+    path: str | None,
+    env: Mapping[str, str],
+    overrides: Mapping[str, object],
+    *,
+    analysis_files: bool = True,
 ) -> Config:
     """Load, merge and validate the configuration; raise ``ConfigError`` listing every issue.
 
     ``path`` None means no file. ``env`` is the process environment (``SEMHEALTH_*``,
     ``OTEL_*`` and the downward-API ``K8S_*`` variables are read). ``overrides`` are
     command-line values keyed by dotted path (``"upstream.url"``); a None value means the
-    flag was not given.
+    flag was not given. Every file the configuration names is read as the agent reads it;
+    ``analysis_files`` False skips those only the analysis process reads (the shadow
+    tokenizer, the calibration, a scorer's TLS files), for the forwarding processes, which
+    must not load the libraries that read them: the analysis process checks them at its start.
     """
-    config, issues = _load(path, env, overrides)
+    config, issues = _load(path, env, overrides, analysis_files=analysis_files)
     if issues:
         raise ConfigError(issues)
     return config
@@ -117,7 +124,7 @@ def load_relevance(path: str | None, env: Mapping[str, str]) -> Relevance:
 def load_alerts(path: str | None, env: Mapping[str, str]) -> Alerts:
     """The ``alerts:`` section alone, for ``semhealth rules``; raise ``ConfigError`` for its
     issues and the file's (``upstream.url`` need not be set)."""
-    config, issues = _load(path, env, {})
+    config, issues = _load(path, env, {}, analysis_files=False)
     own = [issue for issue in issues if issue.path.split(".")[0] in ("", "alerts")]
     if own:
         raise ConfigError(own)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from semhealth.agent.config import checks
+from semhealth.agent.config import checks, files
 from semhealth.agent.config.document import TLS_FILES
 from semhealth.agent.errors import ConfigIssue
 from semhealth.alerts import Rule, RuleError, load_rules
@@ -77,6 +77,15 @@ class TLS:
         issues = [
             issue for name in TLS_FILES for issue in checks.file_issues(name, getattr(self, name))
         ]
+        paired = (self.client_cert is None) == (self.client_key is None)
+        if not issues and paired:
+            # Loaded as the connection will load them.
+            issues += files.tls_issues(
+                verify=self.verify,
+                ca_file=self.ca_file,
+                client_cert=self.client_cert,
+                client_key=self.client_key,
+            )
         if self.client_cert is not None and self.client_key is None:
             issues.append(
                 ConfigIssue(
@@ -163,6 +172,7 @@ class Listen:
     def validate(self) -> list[ConfigIssue]:
         issues = checks.under("proxy", self.proxy.validate())
         issues += checks.under("admin", self.admin.validate())
+        issues += files.web_config_issues(self.admin_web_config)
         same_host = self.proxy.host == self.admin.host or bool(
             {self.proxy.host, self.admin.host} & checks.WILDCARD_HOSTS
         )
@@ -339,6 +349,7 @@ class Relevance:
                 )
             )
         issues += checks.file_issues("calibration", self.calibration)
+        issues += files.scorer_tls_file_issues(self.embeddings)
         # The embeddings keys sit flat under relevance:, so their paths need no prefix here.
         return issues + [
             ConfigIssue(issue.path, issue.message, issue.fix)
@@ -600,6 +611,17 @@ class Config:
             + checks.under("otlp_receiver", self.otlp_receiver.validate())
             + checks.under("otlp_receiver", self._receiver_clashes())
             + (checks.under("shadow", self.shadow.validate()) if self.shadow else [])
+            + checks.under("shadow", self._shadow_file_issues())
+        )
+
+    def _shadow_file_issues(self) -> list[ConfigIssue]:
+        """The files ``shadow`` names: the candidate's TLS files (loaded as live shadowing
+        loads them) and the tokenizer (its existence; reading it is the analysis process's,
+        see ``files.analysis_file_issues``)."""
+        if self.shadow is None:
+            return []
+        return checks.under("upstream.tls", self.shadow.upstream.tls.validate()) + (
+            checks.file_issues("tokenizer", self.shadow.tokenizer)
         )
 
     def _receiver_clashes(self) -> list[ConfigIssue]:

@@ -630,6 +630,25 @@ def test_url_issue_never_echoes_the_url() -> None:
     assert all("secret" not in str(issue) for issue in issues)
 
 
+def test_a_tap_budget_too_small_for_one_chunk_is_a_config_error(tmp_path: Path) -> None:
+    # One byte below the frame of the largest chunk. Any size used to pass: at 1024 every
+    # record was lost, and the wire resets it caused blamed analysis.
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{tap_buffer_bytes: 262160}}\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:2:13: dataplane.tap_buffer_bytes: tap_buffer_bytes must be at least 262161,"
+        " not 262160: one upstream read is a chunk of up to 262144 bytes, which the tap wire"
+        " frames with a 17-byte header; below that the copies of such a chunk are always shed"
+        " (fix: use at least 262161; the default, 8388608, holds many streams' copies)"
+    ]
+
+
+def test_the_smallest_tap_budget_passes(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{tap_buffer_bytes: 262161}}\n")
+    assert check_config_file(str(path), {}) == []
+
+
 def test_tls_files_on_plain_http_are_reported(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_bytes(make_ca().pem())

@@ -15,6 +15,7 @@ from typing import Literal
 from semhealth.agent.config import checks, files
 from semhealth.agent.config.document import TLS_FILES
 from semhealth.agent.errors import ConfigIssue
+from semhealth.agent.wire import MAX_CHUNK_BYTES, MIN_TAP_BUDGET
 from semhealth.alerts import Rule, RuleError, load_rules
 from semhealth.collectors import config as collectors_config
 from semhealth.common.words import show
@@ -207,6 +208,19 @@ class DataPlane:
                 issues.append(
                     ConfigIssue(name, f"{name} must be 0 (no limit) or more", "e.g. 1024")
                 )
+        if self.tap_buffer_bytes < MIN_TAP_BUDGET:
+            issues.append(
+                ConfigIssue(
+                    "tap_buffer_bytes",
+                    f"tap_buffer_bytes must be at least {MIN_TAP_BUDGET},"
+                    f" not {self.tap_buffer_bytes}: one upstream read is a chunk of up to"
+                    f" {MAX_CHUNK_BYTES} bytes, which the tap wire frames with a"
+                    f" {MIN_TAP_BUDGET - MAX_CHUNK_BYTES}-byte header; below that the copies of"
+                    " such a chunk are always shed",
+                    f"use at least {MIN_TAP_BUDGET}; the default, {DataPlane().tap_buffer_bytes},"
+                    " holds many streams' copies",
+                )
+            )
         return issues
 
 

@@ -263,7 +263,7 @@ FULL_RELEVANCE = Relevance(
     embeddings=embeddings_config.Config(
         encoder="english",
         route_cjk_to="multilingual",
-        top_k=5,
+        pooling="max",
         cache_entries=4096,
         encoders=(
             embeddings_config.Encoder(

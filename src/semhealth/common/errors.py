@@ -36,7 +36,8 @@ class Issue:
     to whatever checked it: a package's own checks leave the prefix to the agent, which
     re-roots them. ``source`` is where the value came from: the file's name, ``$SEMHEALTH_...``
     for an environment variable or ``command line``; ``line`` and ``column`` (1-based) are set
-    when the value came from the file.
+    when the value came from the file. ``warning``: the setting works against itself (it is
+    read by nothing, say) but nothing stops; said, never refused.
     """
 
     path: str
@@ -46,6 +47,7 @@ class Issue:
     source: str | None = None
     line: int | None = None
     column: int | None = None
+    warning: bool = False
 
     def __str__(self) -> str:
         where = ""
@@ -53,8 +55,9 @@ class Issue:
             where = f"{self.source}:{self.line}:{self.column or 1}: "
         elif self.source is not None:
             where = f"{self.source}: "
+        kind = "warning: " if self.warning else ""
         path = f"{self.path}: " if self.path else ""
-        return f"{where}{path}{self.message} (fix: {self.fix})"
+        return f"{where}{kind}{path}{self.message} (fix: {self.fix})"
 
 
 class IssuesError(SemhealthError):

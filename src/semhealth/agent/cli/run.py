@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 from typing import Any
 
 from semhealth.agent.cli import replay as replay_cli
-from semhealth.agent.config import Config, load_config
+from semhealth.agent.config import Config, ConfigIssue, load_config
 from semhealth.agent.runtime import (
     RunArgs,
     reload_rules,
@@ -20,6 +21,8 @@ from semhealth.agent.runtime import (
     stop_on_signals,
     warn_missing_config,
 )
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
@@ -153,11 +156,20 @@ async def run(args: argparse.Namespace) -> int:
     # port's web configuration and certificates included), except those only the analysis
     # process reads: this process forwards and must not map their libraries. The analysis
     # process reads them first thing, and a refusal there stops start-up (ConfigRefused).
-    config = load_config(args.config, os.environ, overrides(args), analysis_files=args.in_process)
+    warnings: list[ConfigIssue] = []
+    config = load_config(
+        args.config,
+        os.environ,
+        overrides(args),
+        analysis_files=args.in_process,
+        warnings=warnings,
+    )
     if config.upstream.url is None and not args.in_process:
         # A receiver alone runs in this one process, which then reads those files too.
         config = load_config(args.config, os.environ, overrides(args))
     setup_logging(config.log.level, config.log.format)
+    for warning in warnings:  # here only: the processes this one starts do not repeat them
+        log.warning("%s", warning)
     warn_missing_config(args)
     # A --record file that cannot be written stops start-up here, said plainly.
     replay_cli.check_record_file(args)

@@ -91,6 +91,7 @@ def load_config(
     overrides: Mapping[str, object],
     *,
     analysis_files: bool = True,
+    warnings: list[ConfigIssue] | None = None,
 ) -> Config:
     """Load, merge and validate the configuration; raise ``ConfigError`` listing every issue.
 
@@ -101,10 +102,15 @@ def load_config(
     ``analysis_files`` False skips those only the analysis process reads (the shadow
     tokenizer, the calibration, a scorer's TLS files), for the forwarding processes, which
     must not load the libraries that read them: the analysis process checks them at its start.
+    Warnings (``issue.warning``: a setting nothing reads) never stop it; ``warnings``, when
+    given, gets them appended, for the caller to log once.
     """
     config, issues = _load(path, env, overrides, analysis_files=analysis_files)
-    if issues:
-        raise ConfigError(issues)
+    errors = [issue for issue in issues if not issue.warning]
+    if errors:
+        raise ConfigError(errors)
+    if warnings is not None:
+        warnings += [issue for issue in issues if issue.warning]
     return config
 
 
@@ -115,7 +121,11 @@ def load_relevance(path: str | None, env: Mapping[str, str]) -> Relevance:
     The rest of the file is not theirs to judge: ``upstream.url`` need not be set.
     """
     config, issues = _load(path, env, {})
-    own = [issue for issue in issues if issue.path.split(".")[0] in ("", "relevance")]
+    own = [
+        issue
+        for issue in issues
+        if issue.path.split(".")[0] in ("", "relevance") and not issue.warning
+    ]
     if own:
         raise ConfigError(own)
     return config.relevance
@@ -125,12 +135,17 @@ def load_alerts(path: str | None, env: Mapping[str, str]) -> Alerts:
     """The ``alerts:`` section alone, for ``semhealth rules``; raise ``ConfigError`` for its
     issues and the file's (``upstream.url`` need not be set)."""
     config, issues = _load(path, env, {}, analysis_files=False)
-    own = [issue for issue in issues if issue.path.split(".")[0] in ("", "alerts")]
+    own = [
+        issue
+        for issue in issues
+        if issue.path.split(".")[0] in ("", "alerts") and not issue.warning
+    ]
     if own:
         raise ConfigError(own)
     return config.alerts
 
 
 def check_config_file(path: str, env: Mapping[str, str]) -> list[ConfigIssue]:
-    """Every issue of ``path`` merged with ``env``, for ``semhealth config check``."""
+    """Every issue of ``path`` merged with ``env``, for ``semhealth config check``; warnings
+    (``issue.warning``) among them, in file order."""
     return _load(path, env, {})[1]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from semhealth.agent.config.checks import route_issues
+from semhealth.agent.config.checks import ignored_top_k, route_issues, under
 from semhealth.agent.config.document import Document, Path, overlaps, parse_path
 from semhealth.agent.config.env import apply_env, apply_overrides
 from semhealth.agent.config.files import analysis_file_issues
@@ -89,7 +89,7 @@ def load(
             calibration=config.relevance.calibration,
             embeddings=config.relevance.embeddings,
         )
-    for issue in meaning:
+    for issue in meaning + _warnings(doc.data, config):
         where = parse_path(issue.path)
         # A value the schema rejected was replaced by its default; judging that default
         # would only add noise next to the schema's own issue.
@@ -97,6 +97,16 @@ def load(
             doc.issues.append(doc.locate(where, issue))
     issues = sorted(doc.issues, key=lambda i: (i.line is None, i.line or 0, i.column or 0))
     return config, issues
+
+
+def _warnings(data: dict[str, Any], config: Config) -> list[ConfigIssue]:
+    """Settings written (in the file, a variable or a flag) that nothing will read: warnings,
+    which never stop start-up. Judged on what was written, since a default is read or not
+    by design."""
+    if "top_k" in _section(data, "relevance"):
+        embeddings = config.relevance.embeddings
+        return under("relevance", ignored_top_k(embeddings.pooling, embeddings.top_k))
+    return []
 
 
 def _spare_key_variables(doc: Document, config: Config) -> None:

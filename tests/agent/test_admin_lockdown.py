@@ -350,7 +350,8 @@ async def test_semhealth_run_refuses_a_bad_web_config_before_starting(tmp_path: 
     path.write_text("basic_auth_users:\n  alice: hunter2\n")
     async with semhealth_run("--web-config-file", str(path)) as run:
         _, err = await asyncio.wait_for(run.process.communicate(), 30)
-    assert run.process.returncode == 1
+    assert run.process.returncode == 2  # a configuration error, as config check reports it
     message = err.decode()
+    assert "listen.admin_web_config" in message
     assert "basic_auth_users.alice" in message and "bcrypt" in message
     assert "hunter2" not in message

@@ -36,9 +36,42 @@ def test_config_schema_prints_a_json_schema(capsys: pytest.CaptureFixture[str]) 
     assert {"upstream", "listen", "routes", "limits", "analysis"} <= set(schema["properties"])
 
 
-def test_config_check_accepts_the_shipped_example(capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_check_accepts_the_shipped_example_without_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["config", "check", str(EXAMPLE)]) == 0
-    assert capsys.readouterr().out.strip().endswith(": ok")
+    out, err = capsys.readouterr()
+    assert out.strip().endswith(": ok")
+    assert err == ""
+
+
+TOP_K_WARNING = (
+    "warning: relevance.top_k: top_k is set to 5, but pooling max scores a context by its best"
+    " window alone and never reads it (fix: remove top_k, or set relevance.pooling: mean to"
+    " average the top_k best windows)"
+)
+
+
+def test_config_check_warns_of_top_k_under_a_pooling_that_ignores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text("upstream: {url: 'http://127.0.0.1:8000'}\nrelevance:\n  top_k: 5\n")
+    assert main(["config", "check", str(path)]) == 0  # a warning, not an error
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"{path}:3:3: {TOP_K_WARNING}"]
+    assert out.strip() == f"{path}: ok, with 1 warning"
+
+
+def test_top_k_under_mean_pooling_is_no_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(
+        "upstream: {url: 'http://127.0.0.1:8000'}\nrelevance: {pooling: mean, top_k: 5}\n"
+    )
+    assert main(["config", "check", str(path)]) == 0
+    assert capsys.readouterr() == (f"{path}: ok\n", "")
 
 
 def test_config_check_names_the_bad_key_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,6 +166,35 @@ async def test_run_with_config_if_present_starts_on_defaults_when_the_file_is_ab
         await upstream.shutdown()
 
 
+async def test_run_logs_a_configuration_warning_once_at_start(tmp_path: Path) -> None:
+    upstream = SimulatedUpstream(lambda r: Script(pieces=("hello",)))
+    await upstream.start()
+    admin = f"http://127.0.0.1:{free_port()}"
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(
+        f"upstream: {{url: '{upstream.url}'}}\n"
+        f"listen: {{proxy: '127.0.0.1:{free_port()}', admin: '{admin.removeprefix('http://')}'}}\n"
+        "relevance:\n  top_k: 5\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run", "--config", str(config),
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_ready(admin)  # both processes have loaded the configuration
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 15)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await upstream.shutdown()
+    assert process.returncode == 0
+    lines = [line for line in err.decode().splitlines() if "relevance.top_k" in line]
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(f"WARNING semhealth.agent.cli.run: {config}:4:3: {TOP_K_WARNING}")
+
+
 async def test_run_with_a_bad_config_exits_2_and_says_why(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("upstream:\n  url: ftp://example.invalid\n")
@@ -144,6 +206,45 @@ async def test_run_with_a_bad_config_exits_2_and_says_why(tmp_path: Path) -> Non
     assert process.returncode == 2
     assert b"upstream.url" in err
     assert b"ftp" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(None, "does not exist"), ("{not json", "not a readable tokenizer.json")],
+    ids=["missing", "unparsable"],
+)
+async def test_run_with_a_bad_shadow_tokenizer_stops_at_start_up_and_says_why(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
+    # It used to start, then restart the analysis process forever, each time on a traceback,
+    # while the proxy port never listened.
+    tokenizer = tmp_path / "tokenizer.json"
+    if content is not None:
+        tokenizer.write_text(content)
+    config = tmp_path / "semhealth.yaml"
+    config.write_text(
+        f"upstream: {{url: 'http://127.0.0.1:{free_port()}'}}\n"
+        f"listen: {{proxy: '127.0.0.1:{free_port()}', admin: '127.0.0.1:{free_port()}'}}\n"
+        f"shadow:\n  upstream: {{url: 'http://127.0.0.1:{free_port()}'}}\n"
+        f"  routes: [chat_completions]\n  tokenizer: {tokenizer}\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run", "--config", str(config),
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # A bound against restarting forever, far above what stopping takes.
+        _, err = await asyncio.wait_for(process.communicate(), 90)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = err.decode()
+    assert process.returncode == 2, text
+    assert f"{config}:6:3: shadow.tokenizer: " in text
+    assert reason in text
+    assert "Traceback" not in text
+    assert "restarting in" not in text
 
 
 async def test_demo_runs_live_traffic_and_prints_a_summary() -> None:

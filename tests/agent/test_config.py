@@ -60,7 +60,9 @@ from semhealth.collectors.config import (
 )
 from semhealth.collectors.config import Config as CollectorsConfig
 from semhealth.embeddings import config as embeddings_config
+from semhealth.embeddings import identity_calibration
 from semhealth.embeddings.profiles import DEFAULT_PROFILE, resolve_profile
+from tests.agent.kube.certs import make_ca
 
 DATA = Path(__file__).parent / "testdata" / "config"
 URL = "http://127.0.0.1:8000"
@@ -261,7 +263,7 @@ FULL_RELEVANCE = Relevance(
     embeddings=embeddings_config.Config(
         encoder="english",
         route_cjk_to="multilingual",
-        top_k=5,
+        pooling="max",
         cache_entries=4096,
         encoders=(
             embeddings_config.Encoder(
@@ -461,7 +463,7 @@ def test_merge_keys_are_followed(tmp_path: Path) -> None:
 
 
 def test_relative_tls_files_are_read_from_the_config_folder(tmp_path: Path) -> None:
-    (tmp_path / "ca.pem").write_text("not parsed at load time\n")
+    (tmp_path / "ca.pem").write_bytes(make_ca().pem())
     path = tmp_path / "tls.yaml"
     path.write_text("upstream:\n  url: https://llm.internal\n  tls: {ca_file: ca.pem}\n")
     config = load_config(str(path), {}, {})
@@ -628,16 +630,35 @@ def test_url_issue_never_echoes_the_url() -> None:
     assert all("secret" not in str(issue) for issue in issues)
 
 
+def test_a_tap_budget_too_small_for_one_chunk_is_a_config_error(tmp_path: Path) -> None:
+    # One byte below the frame of the largest chunk. Any size used to pass: at 1024 every
+    # record was lost, and the wire resets it caused blamed analysis.
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{tap_buffer_bytes: 262160}}\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:2:13: dataplane.tap_buffer_bytes: tap_buffer_bytes must be at least 262161,"
+        " not 262160: one upstream read is a chunk of up to 262144 bytes, which the tap wire"
+        " frames with a 17-byte header; below that the copies of such a chunk are always shed"
+        " (fix: use at least 262161; the default, 8388608, holds many streams' copies)"
+    ]
+
+
+def test_the_smallest_tap_budget_passes(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{tap_buffer_bytes: 262161}}\n")
+    assert check_config_file(str(path), {}) == []
+
+
 def test_tls_files_on_plain_http_are_reported(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("x")
+    ca.write_bytes(make_ca().pem())
     upstream = Upstream(url=URL, tls=TLS(ca_file=str(ca)))
     assert [issue.path for issue in upstream.validate()] == ["tls"]
 
 
 def test_ca_file_with_verify_off_is_reported(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("x")
+    ca.write_bytes(make_ca().pem())
     assert [issue.path for issue in TLS(verify=False, ca_file=str(ca)).validate()] == ["ca_file"]
 
 
@@ -1665,7 +1686,7 @@ def test_relevance_zero_in_flight_is_reported() -> None:
 
 
 def test_relevance_calibration_is_read_from_the_config_folder(tmp_path: Path) -> None:
-    (tmp_path / "cal.json").write_text("{}", "utf-8")
+    (tmp_path / "cal.json").write_text(identity_calibration("e5").to_json(), "utf-8")
     path = tmp_path / "semhealth.yaml"
     path.write_text(f"upstream:\n  url: {URL}\nrelevance:\n  calibration: cal.json\n", "utf-8")
     assert relevance_of({}, str(path)).calibration == str(tmp_path / "cal.json")
@@ -1728,14 +1749,18 @@ def test_admin_lockdown_and_connection_limits_come_from_the_yaml(tmp_path: Path)
     from semhealth.agent.cli.run import overrides
     from semhealth.agent.dataplane.settings import Hardening, hardening
 
+    web = tmp_path / "web.yml"
+    flag = tmp_path / "flag.yml"
+    for file in (web, flag):
+        file.write_text("")  # an empty web.yml: plain HTTP, no authentication
     path = tmp_path / "semhealth.yaml"
     path.write_text(
         "upstream: {url: 'http://127.0.0.1:9'}\n"
-        "listen: {admin_web_config: /etc/semhealth/web.yml, admin_alerts_endpoint: false}\n"
+        f"listen: {{admin_web_config: {web}, admin_alerts_endpoint: false}}\n"
         "dataplane: {max_client_connections: 512, max_upstream_requests: 64}\n"
     )
     assert hardening(load_config(str(path), {}, {})) == Hardening(
-        web_config_file="/etc/semhealth/web.yml",
+        web_config_file=str(web),
         alerts_endpoint=False,
         max_client_connections=512,
         max_upstream_requests=64,
@@ -1748,11 +1773,11 @@ def test_admin_lockdown_and_connection_limits_come_from_the_yaml(tmp_path: Path)
             "--max-client-connections",
             "8",
             "--web-config-file",
-            "w.yml",
+            str(flag),
         ]
     )
     flagged = hardening(load_config(str(path), {}, overrides(args)))
-    assert (flagged.max_client_connections, flagged.web_config_file) == (8, "w.yml")
+    assert (flagged.max_client_connections, flagged.web_config_file) == (8, str(flag))
 
 
 def test_no_relevance_profile_and_no_encoders_is_the_default_profile() -> None:

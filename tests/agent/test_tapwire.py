@@ -9,16 +9,20 @@ import os
 import tempfile
 
 import pytest
+import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.tap import Tap
-from semhealth.agent.dataplane.wiretap import WireTap
+from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
+from semhealth.agent.dataplane.wiretap import FLUSH_S, WireTap
 from semhealth.agent.wire import (
     CLOSE,
     DATA,
     HEADER,
+    MAX_CHUNK_BYTES,
+    MIN_TAP_BUDGET,
     OPEN,
     Outcome,
     WireDecoder,
@@ -171,3 +175,85 @@ async def test_streams_opened_while_analysis_is_away_are_shed_not_queued() -> No
 class _Silent(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.pause_reading()  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- the smallest budget
+
+
+@pytest.mark.parametrize(
+    ("budget", "shed"), [(MIN_TAP_BUDGET, False), (MIN_TAP_BUDGET - 1, True)], ids=["min", "below"]
+)
+async def test_the_smallest_budget_holds_the_frame_of_the_largest_chunk(
+    budget: int, shed: bool
+) -> None:
+    # The budget counts what the forwarder holds: frames, their 17-byte headers included.
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await asyncio.get_running_loop().create_unix_server(lambda: _Silent(), path)
+        wire = WireTap(path, budget_bytes=budget)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        stream = wire.open_stream(_exchange())
+        await asyncio.sleep(FLUSH_S * 2)  # the OPEN frame goes to the kernel: nothing held
+        stream.offer(b"x" * MAX_CHUNK_BYTES, 1)
+        assert stream.shed is shed
+        assert wire.stats.wire_resets == 0
+        server.close()
+        await wire.shutdown(0.1)
+
+
+class _Chunks:
+    """A tap that keeps the size of every chunk the relay offers it."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def open_stream(self, exchange: Exchange) -> _Chunks:
+        return self
+
+    def unanalysed(self, reason: str) -> None:
+        return None
+
+    def offer(self, chunk: bytes, t: int) -> None:
+        self.sizes.append(len(chunk))
+
+    def close(self, outcome: Outcome) -> None:
+        return None
+
+
+async def _relay_one_large_body(size: int) -> list[int]:
+    """The chunk sizes the relay offers its tap while it relays one body of ``size`` bytes
+    that the upstream writes at once."""
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    tap = _Chunks()
+    relay = Relay(UpstreamSettings(url=f"http://127.0.0.1:{port}"), tap)
+    host, relay_port = await relay.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(host, relay_port)
+        writer.write(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(size)
+        writer.close()
+    finally:
+        await relay.shutdown(0.5)
+        server.close()
+    return tap.sizes
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_no_chunk_the_relay_offers_the_tap_is_larger_than_max_chunk_bytes(loop: str) -> None:
+    # MAX_CHUNK_BYTES (and so MIN_TAP_BUDGET) rests on this: a chunk is one read of the event
+    # loop, and neither loop `semhealth run` may use reads more than that at once.
+    size = 4 * 1024 * 1024
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    sizes = run(_relay_one_large_body(size))
+    assert sum(sizes) == size
+    assert max(sizes) <= MAX_CHUNK_BYTES

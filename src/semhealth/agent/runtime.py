@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from semhealth.agent.config import ConfigError, load_config
-from semhealth.agent.errors import SemhealthError
+from semhealth.agent.errors import CONFIG_EXIT, SemhealthError
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.alerts.errors import AlertsError
 
@@ -234,7 +234,7 @@ def run_child(prog: str, serve: Serve, argv: Sequence[str] | None = None) -> int
         return run_async(serve(own, run))
     except ConfigError as exc:
         print(f"{prog}: configuration is not valid:\n{exc}", file=sys.stderr)
-        return 2
+        return CONFIG_EXIT
     except SemhealthError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

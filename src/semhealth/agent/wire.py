@@ -30,6 +30,12 @@ HEADER = struct.Struct("<BIQI")
 OPEN, DATA, CLOSE, STATS = 1, 2, 3, 4
 _META = struct.Struct("<I")
 _MAX_PAYLOAD = 64 * 1024 * 1024  # a frame longer than this means the stream is corrupt
+# The largest chunk the relay offers: one read of the event loop, which asyncio's and
+# uvloop's socket and TLS transports cap at 256 KiB (tests/agent/test_tapwire.py checks it).
+MAX_CHUNK_BYTES = 256 * 1024
+# The smallest forwarder budget (``dataplane.tap_buffer_bytes``) that holds such a chunk's
+# DATA frame; below it, every copy of a chunk that large is shed.
+MIN_TAP_BUDGET = HEADER.size + MAX_CHUNK_BYTES
 
 
 @dataclass(slots=True, kw_only=True)

@@ -5,6 +5,8 @@
      │    ├── agent.errors.ConfigError      the configuration is invalid
      │    └── alerts.errors.RuleError       alert rules are invalid (start-up, reload)
      ├── agent.errors.RelevanceStartError   relevance was required and could not start
+     ├── agent.errors.ConfigRefused         a process `semhealth run` started refused its config
+     ├── common.tls.TLSFileError            a TLS file that does not load
      ├── agent.kube.errors.InjectionError   a manifest cannot take the sidecar
      ├── alerts.errors.AlertsError          root of the alerts package's errors
      └── embeddings.errors.EmbeddingError   root of the embeddings package's errors
@@ -34,7 +36,8 @@ class Issue:
     to whatever checked it: a package's own checks leave the prefix to the agent, which
     re-roots them. ``source`` is where the value came from: the file's name, ``$SEMHEALTH_...``
     for an environment variable or ``command line``; ``line`` and ``column`` (1-based) are set
-    when the value came from the file.
+    when the value came from the file. ``warning``: the setting works against itself (it is
+    read by nothing, say) but nothing stops; said, never refused.
     """
 
     path: str
@@ -44,6 +47,7 @@ class Issue:
     source: str | None = None
     line: int | None = None
     column: int | None = None
+    warning: bool = False
 
     def __str__(self) -> str:
         where = ""
@@ -51,8 +55,9 @@ class Issue:
             where = f"{self.source}:{self.line}:{self.column or 1}: "
         elif self.source is not None:
             where = f"{self.source}: "
+        kind = "warning: " if self.warning else ""
         path = f"{self.path}: " if self.path else ""
-        return f"{where}{path}{self.message} (fix: {self.fix})"
+        return f"{where}{kind}{path}{self.message} (fix: {self.fix})"
 
 
 class IssuesError(SemhealthError):

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         fit_calibration,
         identity_calibration,
         load_calibration,
+        read_calibration,
     )
     from semhealth.embeddings.factory import open_scorer
     from semhealth.embeddings.jsonl import calibrate_from_jsonl, score_jsonl
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
         context_relevance,
     )
     from semhealth.embeddings.remote_openai import OpenAICompatibleBackend
-    from semhealth.embeddings.remote_scorer import RemoteScorerBackend
+    from semhealth.embeddings.remote_scorer import RemoteScorerBackend, tls_credentials
     from semhealth.embeddings.remote_tei import TEIBackend
     from semhealth.embeddings.routing import RoutingScorer, has_cjk
     from semhealth.embeddings.scorer_guard import (
@@ -110,11 +111,13 @@ _LAZY = {
     "has_cjk": "routing",
     "identity_calibration": "calibration",
     "load_calibration": "calibration",
+    "read_calibration": "calibration",
     "normalize_rows": "backend",
     "open_scorer": "factory",
     "resolve_model": "local",
     "OpenAICompatibleBackend": "remote_openai",
     "RemoteScorerBackend": "remote_scorer",
+    "tls_credentials": "remote_scorer",
     "ServedEncoder": "scorer_service",
     "ScorerGuard": "scorer_guard",
     "ScorerLimits": "scorer_guard",
@@ -198,11 +201,13 @@ __all__ = [
     "open_scorer",
     "profile_issues",
     "read_bearer_token",
+    "read_calibration",
     "resolve_model",
     "resolve_profile",
     "score_jsonl",
     "scored_at",
     "scorer_address_issues",
     "serve_scorer",
+    "tls_credentials",
     "used_encoders",
 ]

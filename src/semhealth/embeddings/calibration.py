@@ -214,7 +214,7 @@ def load_calibration(encoder: str, path: str | Path | None = None) -> Calibratio
     cannot be read or parsed raises ``CalibrationError`` (at start-up).
     """
     if path is not None:
-        calibration = _read_file(Path(path))
+        calibration = read_calibration(path)
         if calibration.encoder != encoder:
             logger.warning(
                 "calibration file %s was fitted for encoder '%s', used here for '%s'",
@@ -544,9 +544,12 @@ def _fields(document: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _read_file(path: Path) -> Calibration:
+def read_calibration(path: str | Path) -> Calibration:
+    """The calibration file at ``path`` (``semhealth calibrate``'s); ``CalibrationError`` names
+    the file and what is wrong. ``load_calibration`` reads files with it, and the agent's
+    configuration check too."""
     try:
-        data = path.read_bytes()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise CalibrationError(
             f"cannot read calibration file {path}: {exc.strerror or type(exc).__name__}"

@@ -371,7 +371,10 @@ def validate_web_config(path: str) -> WebConfig:
     """The file, and its certificates loaded once: what ``semhealth run`` checks first."""
     config = load_web_config(path)
     if config.tls is not None:
-        build_ssl_context(config.tls)
+        try:
+            build_ssl_context(config.tls)
+        except WebConfigError as exc:
+            raise WebConfigError(f"{path}: {exc}") from exc
     return config
 
 

@@ -24,7 +24,7 @@ from semhealth.agent.cli import run as run_cli
 from semhealth.agent.cli import score as score_cli
 from semhealth.agent.cli import scorer as scorer_cli
 from semhealth.agent.config import ConfigError
-from semhealth.agent.errors import SemhealthError
+from semhealth.agent.errors import CONFIG_EXIT, ConfigRefused, SemhealthError
 from semhealth.agent.runtime import resolve_config_file, run_async
 from semhealth.embeddings.errors import EmbeddingError
 
@@ -83,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_async(_ASYNC_COMMANDS[args.command](args))
     except ConfigError as exc:
         print(f"semhealth: configuration is not valid:\n{exc}", file=sys.stderr)
-        return 2
+        return CONFIG_EXIT
+    except ConfigRefused as exc:
+        print(f"semhealth {args.command}: {exc}", file=sys.stderr)
+        return CONFIG_EXIT
     except (SemhealthError, EmbeddingError, OSError) as exc:
         # Start-up failures: a model that does not load, a file that cannot be read.
         print(f"semhealth {args.command}: {exc}", file=sys.stderr)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 from typing import Any
 
 from semhealth.agent.cli import replay as replay_cli
-from semhealth.agent.config import Config, load_config
+from semhealth.agent.config import Config, ConfigIssue, load_config
 from semhealth.agent.runtime import (
     RunArgs,
     reload_rules,
@@ -20,6 +21,8 @@ from semhealth.agent.runtime import (
     stop_on_signals,
     warn_missing_config,
 )
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
@@ -149,17 +152,30 @@ def run_args(args: argparse.Namespace) -> RunArgs:
 
 
 async def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, os.environ, overrides(args))
+    # Every file the configuration names is read here, before anything starts (the admin
+    # port's web configuration and certificates included), except those only the analysis
+    # process reads: this process forwards and must not map their libraries. The analysis
+    # process reads them first thing, and a refusal there stops start-up (ConfigRefused).
+    warnings: list[ConfigIssue] = []
+    config = load_config(
+        args.config,
+        os.environ,
+        overrides(args),
+        analysis_files=args.in_process,
+        warnings=warnings,
+    )
+    if config.upstream.url is None and not args.in_process:
+        # A receiver alone runs in this one process, which then reads those files too.
+        config = load_config(args.config, os.environ, overrides(args))
     setup_logging(config.log.level, config.log.format)
+    for warning in warnings:  # here only: the processes this one starts do not repeat them
+        log.warning("%s", warning)
     warn_missing_config(args)
     # A --record file that cannot be written stops start-up here, said plainly.
     replay_cli.check_record_file(args)
-    from semhealth.agent.admin.webconfig import validate_web_config
     from semhealth.agent.dataplane.settings import hardening
 
     limits = hardening(config)
-    if limits.web_config_file is not None:
-        validate_web_config(limits.web_config_file)  # before anything starts
     if args.in_process or config.upstream.url is None:
         # No upstream (an OTLP receiver alone): no proxy, so no forwarding processes to keep
         # analysis away from; the agent serves the receiver and the admin port itself.

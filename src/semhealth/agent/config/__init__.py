@@ -86,18 +86,31 @@ __all__ = [
 
 
 def load_config(
-    path: str | None, env: Mapping[str, str], overrides: Mapping[str, object]
+    path: str | None,
+    env: Mapping[str, str],
+    overrides: Mapping[str, object],
+    *,
+    analysis_files: bool = True,
+    warnings: list[ConfigIssue] | None = None,
 ) -> Config:
     """Load, merge and validate the configuration; raise ``ConfigError`` listing every issue.
 
     ``path`` None means no file. ``env`` is the process environment (``SEMHEALTH_*``,
     ``OTEL_*`` and the downward-API ``K8S_*`` variables are read). ``overrides`` are
     command-line values keyed by dotted path (``"upstream.url"``); a None value means the
-    flag was not given.
+    flag was not given. Every file the configuration names is read as the agent reads it;
+    ``analysis_files`` False skips those only the analysis process reads (the shadow
+    tokenizer, the calibration, a scorer's TLS files), for the forwarding processes, which
+    must not load the libraries that read them: the analysis process checks them at its start.
+    Warnings (``issue.warning``: a setting nothing reads) never stop it; ``warnings``, when
+    given, gets them appended, for the caller to log once.
     """
-    config, issues = _load(path, env, overrides)
-    if issues:
-        raise ConfigError(issues)
+    config, issues = _load(path, env, overrides, analysis_files=analysis_files)
+    errors = [issue for issue in issues if not issue.warning]
+    if errors:
+        raise ConfigError(errors)
+    if warnings is not None:
+        warnings += [issue for issue in issues if issue.warning]
     return config
 
 
@@ -108,7 +121,11 @@ def load_relevance(path: str | None, env: Mapping[str, str]) -> Relevance:
     The rest of the file is not theirs to judge: ``upstream.url`` need not be set.
     """
     config, issues = _load(path, env, {})
-    own = [issue for issue in issues if issue.path.split(".")[0] in ("", "relevance")]
+    own = [
+        issue
+        for issue in issues
+        if issue.path.split(".")[0] in ("", "relevance") and not issue.warning
+    ]
     if own:
         raise ConfigError(own)
     return config.relevance
@@ -117,13 +134,18 @@ def load_relevance(path: str | None, env: Mapping[str, str]) -> Relevance:
 def load_alerts(path: str | None, env: Mapping[str, str]) -> Alerts:
     """The ``alerts:`` section alone, for ``semhealth rules``; raise ``ConfigError`` for its
     issues and the file's (``upstream.url`` need not be set)."""
-    config, issues = _load(path, env, {})
-    own = [issue for issue in issues if issue.path.split(".")[0] in ("", "alerts")]
+    config, issues = _load(path, env, {}, analysis_files=False)
+    own = [
+        issue
+        for issue in issues
+        if issue.path.split(".")[0] in ("", "alerts") and not issue.warning
+    ]
     if own:
         raise ConfigError(own)
     return config.alerts
 
 
 def check_config_file(path: str, env: Mapping[str, str]) -> list[ConfigIssue]:
-    """Every issue of ``path`` merged with ``env``, for ``semhealth config check``."""
+    """Every issue of ``path`` merged with ``env``, for ``semhealth config check``; warnings
+    (``issue.warning``) among them, in file order."""
     return _load(path, env, {})[1]

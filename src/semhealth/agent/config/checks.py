@@ -293,6 +293,30 @@ def analysis_issues(analysis: Analysis) -> list[ConfigIssue]:
     return issues
 
 
+# -- relevance ------------------------------------------------------------------------------
+
+# What each pooling that is not mean does with a context's windows: none of them reads top_k.
+_POOLING_WITHOUT_TOP_K = {
+    "max": "scores a context by its best window alone",
+    "softmax": "weighs every window by its similarity",
+}
+
+
+def ignored_top_k(pooling: str, top_k: int) -> list[ConfigIssue]:
+    """A warning for a ``top_k`` written under a pooling that never reads it (only mean does)."""
+    does = _POOLING_WITHOUT_TOP_K.get(pooling)
+    if does is None:
+        return []
+    return [
+        ConfigIssue(
+            "top_k",
+            f"top_k is set to {top_k}, but pooling {pooling} {does} and never reads it",
+            "remove top_k, or set relevance.pooling: mean to average the top_k best windows",
+            warning=True,
+        )
+    ]
+
+
 # -- telemetry ------------------------------------------------------------------------------
 
 

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from semhealth.agent.config.checks import route_issues, under
+from semhealth.agent.config.checks import ignored_top_k, route_issues, under
 from semhealth.agent.config.document import Document, Path, overlaps, parse_path
 from semhealth.agent.config.env import apply_env, apply_overrides
+from semhealth.agent.config.files import analysis_file_issues
 from semhealth.agent.config.limits import read_limited
 from semhealth.agent.config.model import (
     OTLP,
@@ -57,9 +58,17 @@ _D = TypeVar("_D", bound="DataclassInstance")
 
 
 def load(
-    path: str | None, env: Mapping[str, str], overrides: Mapping[str, object]
+    path: str | None,
+    env: Mapping[str, str],
+    overrides: Mapping[str, object],
+    *,
+    analysis_files: bool = True,
 ) -> tuple[Config, list[ConfigIssue]]:
-    """The configuration and every issue found, sorted by where they are in the file."""
+    """The configuration and every issue found, sorted by where they are in the file.
+
+    ``analysis_files`` False leaves out reading the files only the analysis process reads
+    (``files.analysis_file_issues``): a forwarding process must not map their libraries.
+    """
     schema: dict[str, Any] = orjson.loads(schema_text())
     doc = Document() if path is None else read_limited(path)
     # An unreadable file leaves nothing worth judging the meaning of.
@@ -73,7 +82,14 @@ def load(
         bad.append(bad_path)
     config, routes = _build(_without(doc.data, bad), env)
     _spare_key_variables(doc, config)
-    for issue in _meaning(config, routes):
+    meaning = _meaning(config, routes)
+    if analysis_files:
+        meaning += analysis_file_issues(
+            tokenizer=config.shadow.tokenizer if config.shadow is not None else None,
+            calibration=config.relevance.calibration,
+            embeddings=config.relevance.embeddings,
+        )
+    for issue in meaning + _warnings(doc.data, config):
         where = parse_path(issue.path)
         # A value the schema rejected was replaced by its default; judging that default
         # would only add noise next to the schema's own issue.
@@ -81,6 +97,16 @@ def load(
             doc.issues.append(doc.locate(where, issue))
     issues = sorted(doc.issues, key=lambda i: (i.line is None, i.line or 0, i.column or 0))
     return config, issues
+
+
+def _warnings(data: dict[str, Any], config: Config) -> list[ConfigIssue]:
+    """Settings written (in the file, a variable or a flag) that nothing will read: warnings,
+    which never stop start-up. Judged on what was written, since a default is read or not
+    by design."""
+    if "top_k" in _section(data, "relevance"):
+        embeddings = config.relevance.embeddings
+        return under("relevance", ignored_top_k(embeddings.pooling, embeddings.top_k))
+    return []
 
 
 def _spare_key_variables(doc: Document, config: Config) -> None:

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from semhealth.agent.config import checks
+from semhealth.agent.config import checks, files
 from semhealth.agent.config.document import TLS_FILES
 from semhealth.agent.errors import ConfigIssue
+from semhealth.agent.wire import MAX_CHUNK_BYTES, MIN_TAP_BUDGET
 from semhealth.alerts import Rule, RuleError, load_rules
 from semhealth.collectors import config as collectors_config
 from semhealth.common.words import show
@@ -77,6 +78,15 @@ class TLS:
         issues = [
             issue for name in TLS_FILES for issue in checks.file_issues(name, getattr(self, name))
         ]
+        paired = (self.client_cert is None) == (self.client_key is None)
+        if not issues and paired:
+            # Loaded as the connection will load them.
+            issues += files.tls_issues(
+                verify=self.verify,
+                ca_file=self.ca_file,
+                client_cert=self.client_cert,
+                client_key=self.client_key,
+            )
         if self.client_cert is not None and self.client_key is None:
             issues.append(
                 ConfigIssue(
@@ -163,6 +173,7 @@ class Listen:
     def validate(self) -> list[ConfigIssue]:
         issues = checks.under("proxy", self.proxy.validate())
         issues += checks.under("admin", self.admin.validate())
+        issues += files.web_config_issues(self.admin_web_config)
         same_host = self.proxy.host == self.admin.host or bool(
             {self.proxy.host, self.admin.host} & checks.WILDCARD_HOSTS
         )
@@ -197,6 +208,19 @@ class DataPlane:
                 issues.append(
                     ConfigIssue(name, f"{name} must be 0 (no limit) or more", "e.g. 1024")
                 )
+        if self.tap_buffer_bytes < MIN_TAP_BUDGET:
+            issues.append(
+                ConfigIssue(
+                    "tap_buffer_bytes",
+                    f"tap_buffer_bytes must be at least {MIN_TAP_BUDGET},"
+                    f" not {self.tap_buffer_bytes}: one upstream read is a chunk of up to"
+                    f" {MAX_CHUNK_BYTES} bytes, which the tap wire frames with a"
+                    f" {MIN_TAP_BUDGET - MAX_CHUNK_BYTES}-byte header; below that the copies of"
+                    " such a chunk are always shed",
+                    f"use at least {MIN_TAP_BUDGET}; the default, {DataPlane().tap_buffer_bytes},"
+                    " holds many streams' copies",
+                )
+            )
         return issues
 
 
@@ -361,6 +385,7 @@ class Relevance:
                 )
             )
         issues += checks.file_issues("calibration", self.calibration)
+        issues += files.scorer_tls_file_issues(self.embeddings)
         # The embeddings keys sit flat under relevance:, so their paths need no prefix here.
         return issues + [
             ConfigIssue(issue.path, issue.message, issue.fix)
@@ -676,6 +701,17 @@ class Config:
             + checks.under("otlp_receiver", self.otlp_receiver.validate())
             + checks.under("otlp_receiver", self._receiver_clashes())
             + (checks.under("shadow", self.shadow.validate()) if self.shadow else [])
+            + checks.under("shadow", self._shadow_file_issues())
+        )
+
+    def _shadow_file_issues(self) -> list[ConfigIssue]:
+        """The files ``shadow`` names: the candidate's TLS files (loaded as live shadowing
+        loads them) and the tokenizer (its existence; reading it is the analysis process's,
+        see ``files.analysis_file_issues``)."""
+        if self.shadow is None:
+            return []
+        return checks.under("upstream.tls", self.shadow.upstream.tls.validate()) + (
+            checks.file_issues("tokenizer", self.shadow.tokenizer)
         )
 
     def _receiver_clashes(self) -> list[ConfigIssue]:

@@ -36,6 +36,7 @@ from semhealth.agent.dataplane.relay import (
     error_body,
 )
 from semhealth.agent.dataplane.wiretap import WireTap
+from semhealth.agent.errors import CONFIG_EXIT, ConfigRefused
 from semhealth.common.cpus import available_cpus
 
 if TYPE_CHECKING:
@@ -80,13 +81,20 @@ def resolve_workers(value: str | int | None) -> int:
 
 
 class Child:
-    """A supervised child process, restarted with backoff until stopped."""
+    """A supervised child process, restarted with backoff until stopped.
+
+    One that refuses the configuration at its first start (exit ``CONFIG_EXIT``: it said
+    why on stderr) is not restarted, since it would refuse it again: ``refused`` is set.
+    After a first start that ran, any exit is restarted, that one too: a file gone bad
+    while the agent runs must not stop forwarding.
+    """
 
     def __init__(self, name: str, argv: Sequence[str]) -> None:
         self.name = name
         self._argv = list(argv)
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.refused = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -108,6 +116,10 @@ class Child:
             else:
                 code = await self.process.wait()
                 if self._stopping:
+                    return
+                if code == CONFIG_EXIT and self.restarts == 0:
+                    log.error("the %s refused the configuration: not restarted", self.name)
+                    self.refused.set()
                     return
                 log.warning("the %s exited (code %s); restarting in %.1f s", self.name, code, delay)
             self.restarts += 1
@@ -204,7 +216,7 @@ class Forwarder:
             # Readiness waits for analysis to load (models: seconds), as the one-process
             # agent did, but not forever: past the grace, forwarding starts without it and
             # the streams until it connects are shed and counted.
-            if not await self.wire.wait_connected(settings.analysis_grace_s):
+            if not await self._analysis_connected(settings.analysis_grace_s):
                 log.warning(
                     "the analysis process is not up after %.0f s: forwarding without it",
                     settings.analysis_grace_s,
@@ -232,6 +244,24 @@ class Forwarder:
             self._worker,
             settings.workers,
         )
+
+    async def _analysis_connected(self, grace_s: float) -> bool:
+        """Whether the analysis process connected within ``grace_s``; raises ``ConfigRefused``
+        when it refused the configuration instead (it reads files this process does not)."""
+        analysis = self.analysis
+        assert analysis is not None
+        connected = asyncio.ensure_future(self.wire.wait_connected(grace_s))
+        refused = asyncio.ensure_future(analysis.refused.wait())
+        try:
+            await asyncio.wait({connected, refused}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (connected, refused):
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+        if analysis.refused.is_set():
+            raise ConfigRefused(f"the {analysis.name} refused the configuration (see above)")
+        return self.wire.connected
 
     async def _start_front(self) -> tuple[str, int]:
         # aiohttp is imported here, by worker 0 only: the other forwarders never load it.

@@ -32,6 +32,7 @@ import orjson
 
 from semhealth.agent.wire import Outcome, StreamTap, TapSink
 from semhealth.collectors.collector import Exchange
+from semhealth.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +113,16 @@ class _Target:
         self.authority = (host if default_port else f"{host}:{self.port}").encode()
         self.base = (url.path or b"").rstrip(b"/")
         self.unix_path = settings.unix_path
-        self.ssl = _ssl_context(settings) if self.tls else None
-
-
-def _ssl_context(settings: UpstreamSettings) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=settings.ca_file)
-    if not settings.verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if settings.client_cert:
-        context.load_cert_chain(settings.client_cert, settings.client_key)
-    return context
+        self.ssl = (
+            client_context(
+                verify=settings.verify,
+                ca_file=settings.ca_file,
+                client_cert=settings.client_cert,
+                client_key=settings.client_key,
+            )
+            if self.tls
+            else None
+        )
 
 
 def error_body(kind: str, message: str) -> bytes:

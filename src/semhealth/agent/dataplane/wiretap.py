@@ -117,7 +117,7 @@ class WireTap:
             self.stats.chunks_dropped += 1
             return
         pending = len(self._buf) + self._kernel_backlog()
-        if pending + len(chunk) > self._budget:
+        if pending + HEADER.size + len(chunk) > self._budget:  # the frame, as it is held
             stream.shed = True
             self.stats.streams_shed += 1
             self.stats.chunks_dropped += 1

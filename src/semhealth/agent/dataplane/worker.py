@@ -18,7 +18,8 @@ from semhealth.agent.runtime import RunArgs, run_child, serve_until_stopped, set
 
 
 async def serve(own: argparse.Namespace, run: RunArgs) -> int:
-    config = load_config(run.config, os.environ, dict(run.overrides))
+    # The files only analysis reads are not this process's to open (their libraries).
+    config = load_config(run.config, os.environ, dict(run.overrides), analysis_files=False)
     setup_logging(config.log.level, config.log.format)
     workers = resolve_workers(config.dataplane.workers)
     settings = forwarder_settings(config, workers=workers, child_args=(), limits=hardening(config))

@@ -21,9 +21,11 @@ from typing import Any
 
 import orjson
 from rapidfuzz.distance import Levenshtein
-from tokenizers import Regex, Tokenizer
+from tokenizers import Regex
 from tokenizers.pre_tokenizers import BertPreTokenizer, Split
 from tokenizers.pre_tokenizers import Sequence as PreTokenizers
+
+from semhealth.agent.config.files import read_tokenizer
 
 Segmenter = Callable[[str], Sequence[Any]]
 
@@ -44,11 +46,9 @@ def default_segmenter() -> Segmenter:
 
 def tokenizer_segmenter(path: str) -> Segmenter:
     """The token ids of a ``tokenizer.json`` (Hugging Face ``tokenizers`` format), without
-    special tokens. Raises ``ValueError`` naming the file when it cannot be read."""
-    try:
-        tokenizer = Tokenizer.from_file(path)
-    except Exception as exc:  # the library raises a bare Exception for a bad file
-        raise ValueError(f"{path}: not a readable tokenizer.json ({exc})") from None
+    special tokens. Raises ``ValueError`` naming the file when it cannot be read (the
+    configuration check reads it with the same ``read_tokenizer``)."""
+    tokenizer = read_tokenizer(path)
     # Files made for a model's input often pad or truncate to its length: an answer is
     # compared whole, in its own number of tokens.
     tokenizer.no_padding()

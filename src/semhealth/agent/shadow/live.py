@@ -64,6 +64,7 @@ from semhealth.agent.shadow.summary import as_json, summarise
 from semhealth.agent.tasks import finish_within
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import Exchange, StreamRecord, match_route
+from semhealth.common.tls import client_context
 from semhealth.embeddings import EmbeddingError, Overloaded, Scorer
 
 log = logging.getLogger(__name__)
@@ -506,13 +507,12 @@ def _ssl_context(upstream: ShadowUpstream) -> ssl.SSLContext | bool:
     if not upstream.url.lower().startswith("https://"):
         return False
     tls = upstream.tls
-    context = ssl.create_default_context(cafile=tls.ca_file)
-    if not tls.verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if tls.client_cert is not None:
-        context.load_cert_chain(tls.client_cert, tls.client_key)
-    return context
+    return client_context(
+        verify=tls.verify,
+        ca_file=tls.ca_file,
+        client_cert=tls.client_cert,
+        client_key=tls.client_key,
+    )
 
 
 # --------------------------------------------------------------------------- the diff log

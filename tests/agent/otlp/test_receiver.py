@@ -42,7 +42,6 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -532,7 +531,7 @@ async def test_too_many_log_records_is_a_partial_success() -> None:
         assert partial.rejected_log_records == 4
         assert "4 log records" in partial.error_message
         assert running.receiver.stats.rejected == {("logs", "too_many_items"): 1}
-        assert isinstance(request, ExportLogsServiceRequest)
+        assert running.forwarded == [] and running.receiver.stats.received == {}
 
 
 async def test_a_full_analysis_queue_sheds_analysis_but_still_forwards_and_answers() -> None:
@@ -580,8 +579,25 @@ async def test_shutdown_analyses_what_is_queued_then_closes_the_analysis() -> No
     await grpc_call(f"127.0.0.1:{receiver.grpc_address[1]}", spans_bytes(make_spans(2)))
     await receiver.shutdown()
     assert analysis.span_names() == ["chat 0", "chat 1"]
-    assert analysis.closed and analysis.flushes >= 0
+    assert analysis.closed
     assert receiver.stats.queue_bytes == 0
+
+
+async def test_the_analysis_is_flushed_every_interval_until_shutdown() -> None:
+    analysis = Analysis()
+    receiver = Receiver(
+        ReceiverSettings(grpc_listen=("127.0.0.1", 0), flush_interval_s=0.01), analysis=analysis
+    )
+    await receiver.start()
+    for _ in range(500):
+        if analysis.flushes >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert analysis.flushes >= 3  # traces waiting for their last span are checked again
+    await receiver.shutdown()
+    flushed = analysis.flushes
+    await asyncio.sleep(0.1)  # ten intervals: a flush task left running would have run
+    assert analysis.flushes == flushed
 
 
 async def test_lifecycle_shutdown_without_start_twice_and_a_fresh_instance() -> None:

@@ -535,12 +535,18 @@ async def test_too_many_log_records_is_a_partial_success() -> None:
 
 
 async def test_a_full_analysis_queue_sheds_analysis_but_still_forwards_and_answers() -> None:
+    # OTLP's partial success is for items the server rejected. These are accepted and
+    # forwarded; only semhealth's own analysis of them is shed, so the answer is a full success.
     spans = make_spans(3)
     async with receiving(max_queue_bytes=16) as running:  # smaller than any request
         response = await grpc_call(running.grpc, spans_bytes(spans))
         assert not response.HasField("partial_success")
-        assert running.forwarded == [("traces", spans_bytes(spans))]
-        assert running.receiver.stats.shed == {("traces", "queue_full"): 3}
+        status, body, _ = await post(running.http + "/v1/traces", spans_bytes(spans), PROTOBUF)
+        assert status == 200
+        assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
+        assert running.forwarded == [("traces", spans_bytes(spans))] * 2
+        assert running.receiver.stats.shed == {("traces", "queue_full"): 6}
+        assert running.receiver.stats.rejected == {}
         await asyncio.sleep(0.1)
         assert running.analysis.spans == []
 

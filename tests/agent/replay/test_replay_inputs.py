@@ -225,7 +225,10 @@ def test_otlp_json_from_a_real_instrumentation_is_replayed(tmp_path: Path) -> No
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    # The checkout's own package first, then whatever the caller put on the path: replacing
+    # PYTHONPATH would run the installed semhealth, not the tree under test.
+    paths = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
 
 
 def _replay_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import datetime
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -281,6 +282,91 @@ async def test_bad_lines_are_named_and_the_rest_is_replayed(tmp_path: Path) -> N
     table = done.stdout.splitlines()
     assert table[0].split()[:3] == ["route", "records", "validity"]
     assert table[2].split()[:2] == ["chat_completions", "3"]
+
+
+# -- known chunk times ---------------------------------------------------------------------------
+
+MS = 1_000_000  # ns
+HEAD_MS = 50  # every response head arrives 50 ms in: the TTFB, which no TTFT may be mistaken for
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    event = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "gpt-test",
+        "choices": [choice],
+    }
+    return "data: " + orjson.dumps(event).decode() + "\n\n"
+
+
+def _timed_line(n: int, ttft_ms: int) -> bytes:
+    """A recording line whose first content delta arrives ``ttft_ms`` after the request;
+    a role-only chunk at the head's time comes first, as OpenAI sends it."""
+    request = {"model": "gpt-test", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    chunks = [
+        [HEAD_MS * MS, _chunk({"role": "assistant", "content": ""})],
+        [ttft_ms * MS, _chunk({"content": "Paris"})],
+        [(ttft_ms + 10) * MS, _chunk({"content": " it is."})],
+        [(ttft_ms + 20) * MS, _chunk({}, "stop") + "data: [DONE]\n\n"],
+    ]
+    line = {
+        "v": 1,
+        "id": f"{n:032x}",
+        "time": 1_800_000_000 + 10 * n,
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "content_type": "text/event-stream",
+        "content_encoding": None,
+        "ratelimit_source": None,
+        "response_offset_ns": HEAD_MS * MS,
+        "request": {"text": orjson.dumps(request).decode()},
+        "request_skip": None,
+        "chunks": chunks,
+        "elided_bytes": 0,
+        "outcome": {
+            "end_offset_ns": (ttft_ms + 21) * MS,
+            "client_aborted": False,
+            "upstream_aborted": False,
+            "error_type": None,
+            "shed": False,
+        },
+    }
+    return orjson.dumps(line) + b"\n"
+
+
+# Eleven streams whose first content arrives at 100, 200, ... 1100 ms: with linear
+# interpolation (NumPy's default) the p50 is the sixth, 600 ms, and the p95 lies halfway
+# between the tenth and the eleventh, 1050 ms.
+TTFTS_MS = [100 * (i + 1) for i in range(11)]
+
+
+async def test_a_replayed_records_ttft_is_its_first_content_deltas_time(tmp_path: Path) -> None:
+    path = tmp_path / "timed.jsonl"
+    path.write_bytes(b"".join(_timed_line(n, ms) for n, ms in enumerate(TTFTS_MS)))
+    out = tmp_path / "results.jsonl"
+    done = await asyncio.to_thread(_replay_cli, str(path), "-o", str(out), "--no-relevance")
+    assert done.returncode == 0, done.stderr
+    results = sorted(
+        (orjson.loads(line) for line in out.read_bytes().splitlines()), key=lambda r: r["line"]
+    )
+    assert [r["ttft_s"] for r in results] == [ms * MS / 1e9 for ms in TTFTS_MS]
+    assert {r["ttfb_s"] for r in results} == {HEAD_MS * MS / 1e9}
+
+
+async def test_the_summary_tables_ttft_columns_are_the_p50_and_the_p95(tmp_path: Path) -> None:
+    path = tmp_path / "timed.jsonl"
+    path.write_bytes(b"".join(_timed_line(n, ms) for n, ms in enumerate(TTFTS_MS)))
+    done = await asyncio.to_thread(_replay_cli, str(path), "--no-relevance")
+    assert done.returncode == 0, done.stderr
+    header, rule, row = done.stdout.splitlines()[:3]
+    # The rule under the header marks each column's span.
+    spans = [match.span() for match in re.finditer(r"-+", rule)]
+    table = {header[a:b].strip(): row[a:b].strip() for a, b in spans}
+    assert table["route"] == "chat_completions" and table["records"] == "11"
+    assert (table["ttft p50"], table["ttft p95"]) == ("600 ms", "1050 ms")
 
 
 async def test_exit_codes(tmp_path: Path) -> None:

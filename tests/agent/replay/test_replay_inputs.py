@@ -1,7 +1,8 @@
 """``semhealth replay`` on each kind of input, and on bad input: HAR captures (bodies as real
 servers sent them, one binary), OTLP JSON as the Collector's file exporter writes it (spans
 from a real GenAI instrumentation of the real ``openai`` SDK), and a recording with a broken
-line in the middle and a truncated last line, through the real command line."""
+line in the middle and a truncated last line, through the real command line; and the HTML
+report ``--report`` writes from a real recording."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from semhealth.agent.replay.settings import RecordSettings
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 from tests.agent.otlp_receiver import GrpcReceiver, resource_attributes
+from tests.agent.replay.test_report import Page
 from tests.agent.replay.traffic import CONTEXT, script_for, send_traffic
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -361,12 +363,46 @@ async def test_the_summary_tables_ttft_columns_are_the_p50_and_the_p95(tmp_path:
     path.write_bytes(b"".join(_timed_line(n, ms) for n, ms in enumerate(TTFTS_MS)))
     done = await asyncio.to_thread(_replay_cli, str(path), "--no-relevance")
     assert done.returncode == 0, done.stderr
-    header, rule, row = done.stdout.splitlines()[:3]
-    # The rule under the header marks each column's span.
-    spans = [match.span() for match in re.finditer(r"-+", rule)]
-    table = {header[a:b].strip(): row[a:b].strip() for a, b in spans}
+    table = _table(done.stdout)
     assert table["route"] == "chat_completions" and table["records"] == "11"
     assert (table["ttft p50"], table["ttft p95"]) == ("600 ms", "1050 ms")
+
+
+def _table(stdout: str) -> dict[str, str]:
+    """The summary table's first route row, by column name."""
+    header, rule, row = stdout.splitlines()[:3]
+    # The rule under the header marks each column's span.
+    spans = [match.span() for match in re.finditer(r"-+", rule)]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in spans}
+
+
+async def test_the_report_flag_writes_the_page_of_a_real_recording(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    await _record(path)
+    report = tmp_path / "report.html"
+    out = tmp_path / "results.jsonl"
+    done = await asyncio.to_thread(_replay_cli, str(path), "-o", str(out), "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    page = Page(report.read_text(encoding="utf-8"))
+    sections = [attrs.get("id") for tag, attrs in page.tags if tag == "section"]
+    assert sections == [
+        "overview", "routes", "relevance", "relevance-time", "continuity", "ttft", "validity",
+        "alerts", "problems",
+    ]  # fmt: skip
+    # A plot for what the recording has; none where it has nothing to draw.
+    assert sorted(page.svgs()) == ["continuity", "relevance", "relevance-time", "ttft"]
+    assert page.section_text("validity").count("no data") == 1  # every JSON answer was valid
+    assert page.section_text("alerts").count("no data") == 1
+    results = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert f"{len(results)}records replayed" in page.section_text("overview")
+    assert str(path) in page.section_text("overview")
+    assert "Every line of every file was replayed." in page.section_text("problems")
+    # The route row agrees with the results and with the table printed beside it.
+    row = next(row for row in page.rows if row and row[0] == "chat_completions")
+    errors = sum(1 for result in results if result["error_type"])
+    assert row[1:3] == [str(len(results)), str(errors)]
+    table = _table(done.stdout)
+    assert row[7:9] == [table["ttft p50"], table["ttft p95"]]
 
 
 async def test_exit_codes(tmp_path: Path) -> None:

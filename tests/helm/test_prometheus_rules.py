@@ -8,6 +8,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,7 +47,7 @@ def test_generated_files_are_current() -> None:
 
 def test_alerts_file_is_what_the_cli_exports() -> None:
     exported = subprocess.run(
-        ["semhealth", "rules", "export", "--format", "prometheus"],
+        [sys.executable, "-m", "semhealth.agent.cli", "rules", "export", "--format", "prometheus"],
         capture_output=True,
         text=True,
         check=True,

@@ -226,11 +226,16 @@ def test_the_fit_matches_the_maximum_likelihood_on_a_grid() -> None:
 
 
 def test_a_fitted_score_crosses_the_threshold_at_the_fits_even_odds() -> None:
-    scores, labels = separable(n=30, seed=4)
-    calibration = fit_calibration(scores, labels, prior=0.0)
-    even_odds = -(calibration.b - EVEN_ODDS_SHIFT) / calibration.a
-    assert calibration.apply(even_odds) == pytest.approx(THRESHOLD)
-    assert calibration.raw_at(THRESHOLD) == pytest.approx(even_odds)
+    # Mirror images about 0.42 (each relevant pair at 0.42 + d, an irrelevant one at
+    # 0.42 - d, overlapping where d < 0): the likelihood is symmetric about 0.42, so the fit
+    # finds relevance and irrelevance equally likely there, and only there. Known without
+    # reading the fit's own intercept, so a wrong intercept fails here.
+    d = np.random.default_rng(4).normal(0.2, 0.1, 30)
+    scores = np.concatenate([0.42 + d, 0.42 - d])
+    labels = np.repeat([1, 0], 30)
+    calibration = fit_calibration(scores, labels)
+    assert calibration.apply(0.42) == pytest.approx(THRESHOLD)
+    assert calibration.raw_at(THRESHOLD) == pytest.approx(0.42)
     assert pytest.approx(np.log(3.0)) == EVEN_ODDS_SHIFT
 
 

@@ -22,7 +22,8 @@ and open file descriptors of the forwarding and analysis processes over time (fl
 ``/healthz`` on its own event loop, so its tail is that loop's lag under load), and records
 produced against streams completed. The last line reads
 ``soak: <streams> streams, <errors> client-visible errors, RSS growth <pct>%``; the exit
-status is 1 when there were errors.
+status is 1 when there were errors or when either process's RSS grew by 5 % or more after
+the warm-up.
 
     python bench/soak.py               # 500 streams for 10 minutes
     python bench/soak.py --quick       # 40 streams for 30 s: the CI profile
@@ -382,8 +383,13 @@ async def soak(options: Options) -> int:
             samples.append(await take_sample(tree, time.monotonic() - start, control, admin_url))
             await asyncio.sleep(3.0)  # the last records, and one more OTLP push
             metrics = await agent_metrics(control, admin_url)
-    report(options, tally, samples, probes_ns, metrics, receiver)
-    return 1 if tally.error_count else 0
+    worst_growth = report(options, tally, samples, probes_ns, metrics, receiver)
+    return exit_status(tally.error_count, worst_growth)
+
+
+def exit_status(errors: int, rss_growth_pct: float) -> int:
+    """1 when a client saw an error or memory was not flat after the warm-up, else 0."""
+    return 1 if errors or rss_growth_pct >= GROWTH_LIMIT_PCT else 0
 
 
 def report(
@@ -393,7 +399,8 @@ def report(
     probes_ns: Sequence[int],
     metrics: dict[str, float],
     receiver: Receiver,
-) -> None:
+) -> float:
+    """Print the report; the worst RSS growth after the warm-up, in percent."""
     ended = tally.completed + tally.aborted
     records = metrics.get("semhealth_records_total", 0.0)
     print(f"streams completed {tally.completed}, aborted by the client {tally.aborted}")
@@ -447,6 +454,7 @@ def report(
         f"soak: {options.streams} streams, {tally.error_count} client-visible errors, "
         f"RSS growth {worst:.1f}%"
     )
+    return worst
 
 
 def main(argv: Sequence[str] | None = None) -> int:

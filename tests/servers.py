@@ -1,15 +1,17 @@
 """What every test that runs a real server needs: a free loopback port, and the binary of a
-Debian package, or a clear skip without it.
+Debian package, or a clear skip without it; likewise a Python package of the test extra.
 
-A missing binary skips the test with the reason, unless ``REQUIRE_REAL_SERVERS=1`` (CI sets
-it), where it fails: CI must never pass by skipping what it was meant to run.
+A missing binary or package skips the test with the reason, unless ``REQUIRE_REAL_SERVERS=1``
+(CI sets it), where it fails: CI must never pass by skipping what it was meant to run.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
+from types import ModuleType
 
 import pytest
 
@@ -42,3 +44,15 @@ def require_binary(name: str, package: str) -> str:
     if required():
         pytest.fail(f"{reason}, and {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
     pytest.skip(reason)
+
+
+def require_module(name: str, package: str) -> ModuleType:
+    """The module ``name`` from the test extra's ``package``; skip without it (at module
+    level too), or fail where it is required."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        reason = f"{name} cannot be imported (PyPI package {package}, in the test extra)"
+    if required():
+        pytest.fail(f"{reason}, and {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)

@@ -21,7 +21,6 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent import app as app_module
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
@@ -358,10 +357,6 @@ async def _score_one_without_local_extra(
     return context, [r.getMessage() for r in caplog.records]
 
 
-@pytest.mark.skipif(
-    not hasattr(app_module, "plan_relevance"),
-    reason="agent/app.py does not decide with agent.relevance.plan_relevance yet",
-)
 async def test_auto_on_a_default_install_scores_with_e5_and_no_fallback(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

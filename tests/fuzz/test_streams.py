@@ -201,7 +201,6 @@ def test_damaged_stream_never_raises_and_gives_one_record_in_any_chunking(
     else:
         assert repr(record) == repr(whole)
     assert record.response_bytes == len(body)
-    assert record.malformed_frames >= 0
     assert set(record.decode_errors) <= {
         "frame_too_large", "incomplete", "bad_length", "bad_encoding",
         # AWS event-stream frames and Gemini's streamed JSON array

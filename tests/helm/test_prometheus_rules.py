@@ -5,8 +5,10 @@ what tests/helm/promtool/recording_rules.yaml says."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,7 +47,7 @@ def test_generated_files_are_current() -> None:
 
 def test_alerts_file_is_what_the_cli_exports() -> None:
     exported = subprocess.run(
-        ["semhealth", "rules", "export", "--format", "prometheus"],
+        [sys.executable, "-m", "semhealth.agent.cli", "rules", "export", "--format", "prometheus"],
         capture_output=True,
         text=True,
         check=True,
@@ -78,6 +80,19 @@ def test_rule_groups_hold_the_alerts_and_the_recording_rules(
         "semhealth-recording"
     ]
     assert [g["name"] for g in _groups(manifests, "alerts-only-self-signed")] == ["semhealth"]
+
+
+def test_each_quantile_rule_computes_the_quantile_its_name_says() -> None:
+    recording = yaml.safe_load((chart.CHART_DIR / "files" / "recording-rules.yaml").read_text())
+    rules = recording["groups"][0]["rules"]
+    named = [(rule, re.fullmatch(r"(.+):p(\d+)_5m", rule["record"])) for rule in rules]
+    quantiles = [(rule, match) for rule, match in named if match is not None]
+    histograms = sum(1 for rule in rules if rule["record"].endswith("_bucket:rate5m"))
+    assert histograms > 0 and len(quantiles) == 3 * histograms  # p50, p95, p99 of each
+    for rule, match in quantiles:
+        family, percent = match.groups()
+        bucket = f"{family}_bucket:rate5m"
+        assert rule["expr"] == f"histogram_quantile({int(percent) / 100}, {bucket})", rule
 
 
 def test_rules_configmap_holds_the_same_groups(manifests: dict[str, list[dict[str, Any]]]) -> None:

@@ -457,6 +457,26 @@ def test_notes_name_what_to_do_next(rendered: dict[str, dict[str, str]]) -> None
     assert f"obs-semhealth-scorer.{chart.NAMESPACE}.svc:50051" in defaults
 
 
+@pytest.mark.parametrize(
+    ("kind", "key"),
+    [
+        ("PrometheusRule", "prometheusRule"),
+        ("PodMonitor", "podMonitor"),
+        ("ServiceMonitor", "serviceMonitor"),
+    ],
+)
+def test_operator_objects_carry_the_labels_their_prometheus_selects_them_by(
+    manifests: dict[str, list[dict[str, Any]]], kind: str, key: str
+) -> None:
+    # kube-prometheus-stack's Prometheus picks up only rules and monitors labelled
+    # release=<its release>: without the configured labels it ignores them, silently.
+    wanted = chart.OPTION_SETS["cert-manager-own-issuer"][key]["labels"]
+    assert wanted == {"release": "kube-prometheus-stack"}
+    labels = chart.one(manifests["cert-manager-own-issuer"], kind)["metadata"]["labels"]
+    assert labels.items() >= wanted.items()
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"  # the chart's own labels stay
+
+
 def test_pod_monitor_scrapes_the_admin_port_the_injector_adds(chart_dir: Path) -> None:
     items = chart.objects(chart.render(chart_dir, {"podMonitor": {"enabled": True}}))
     monitor = chart.one(items, "PodMonitor")

@@ -137,8 +137,19 @@ class Traffic:
     vary: bool = False
     ok: int = 0
     wrong: list[str] = field(default_factory=list)  # what was wrong with each bad answer
+    crashed: BaseException | None = None  # what stopped the loop, if anything did
 
     async def run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as exc:
+            # Any error of the client's own (an answer it cannot parse, a bug here) is a
+            # wrong answer: the loop stops, so no later answer could be checked.
+            self.crashed = exc
+            self.wrong.append(f"the traffic loop crashed: {type(exc).__name__}: {exc}")
+            raise
+
+    async def _loop(self) -> None:
         async with aiohttp.ClientSession() as client:
             for sent in itertools.count():
                 question = f"question {sent}?" if self.vary else "q?"
@@ -176,6 +187,8 @@ class Traffic:
         target = self.ok + more
 
         async def check() -> bool:
+            if self.crashed is not None:
+                raise AssertionError(self.wrong[-1]) from self.crashed
             return self.ok >= target
 
         return check
@@ -191,6 +204,10 @@ async def flowing(url: str, *, vary: bool = False) -> AsyncIterator[Traffic]:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+    # Reached when the test's own block passed: a loop that died after its last look at
+    # the traffic fails the test all the same.
+    if traffic.crashed is not None:
+        raise AssertionError(traffic.wrong[-1]) from traffic.crashed
 
 
 class Collector:

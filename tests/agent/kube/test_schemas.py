@@ -11,8 +11,9 @@ import yaml
 
 from semhealth.agent.kube import Settings, inject_text
 from tests.agent.kube.samples import IMAGE, deployment, pod_template
+from tests.servers import require_module
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+kubernetes_validate = require_module("kubernetes_validate", "kubernetes-validate")
 
 OLDEST = "1.25.0"  # helm/semhealth/Chart.yaml: kubeVersion >=1.25
 NATIVE_SIDECARS = "1.29.0"  # init containers with restartPolicy Always, on by default

@@ -16,8 +16,9 @@ from semhealth.agent.kube import AnnotationError, Settings, apply_patch, plan_in
 from semhealth.agent.kube.settings import Variant, read_variant
 from semhealth.agent.kube.sidecar import VARIANT_ENV
 from tests.agent.kube.samples import IMAGE, admission_review, pod_from, pod_template
+from tests.servers import require_module
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+kubernetes_validate = require_module("kubernetes_validate", "kubernetes-validate")
 
 SETTINGS = Settings(image=IMAGE)
 INJECT = {"semhealth.io/inject": "true"}

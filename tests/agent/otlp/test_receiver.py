@@ -22,7 +22,7 @@ import aiohttp
 import grpc  # type: ignore[import-untyped]
 import pytest
 from google.protobuf import json_format  # type: ignore[import-untyped]
-from google.rpc import status_pb2  # type: ignore[import-untyped]
+from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
@@ -42,7 +42,6 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -374,6 +373,7 @@ async def test_bad_json_is_a_400_that_names_the_problem_without_quoting_it(
             running.http + "/v1/traces", body, "application/json"
         )
         assert (status, content_type) == (400, "application/json")
+        assert json.loads(answer)["code"] == code_pb2.INVALID_ARGUMENT
         message = json.loads(answer)["message"]
         assert message.startswith(expected)
         assert SECRET not in message and "bank" not in message
@@ -394,7 +394,9 @@ async def test_bad_protobuf_over_http_is_a_400_with_a_plain_message() -> None:
     async with receiving() as running:
         status, body, content_type = await post(running.http + "/v1/traces", NOT_PROTOBUF, PROTOBUF)
         assert (status, content_type) == (400, PROTOBUF)
-        message = status_pb2.Status.FromString(body).message
+        refusal = status_pb2.Status.FromString(body)
+        assert refusal.code == code_pb2.INVALID_ARGUMENT
+        message = refusal.message
         assert message == (
             "the body is not a valid OTLP traces protobuf (ExportTraceServiceRequest,"
             f" {len(NOT_PROTOBUF)} bytes)"
@@ -414,26 +416,41 @@ async def test_bad_protobuf_over_grpc_is_invalid_argument() -> None:
         assert not response.HasField("partial_success")
 
 
+async def test_an_unsupported_content_type_is_a_plain_415_counted_as_unsupported() -> None:
+    # The Collector's receiver answers this in text/plain too: a client that sent another
+    # media type could not read a Status in either of OTLP's encodings.
+    async with receiving() as running:
+        status, body, content_type = await post(
+            running.http + "/v1/traces", b"\x00\x01binary", "text/plain"
+        )
+        assert (status, content_type) == (415, "text/plain")
+        assert body.decode().startswith("Content-Type must be application/x-protobuf")
+        assert running.receiver.stats.rejected == {("traces", "unsupported"): 1}
+
+
 @pytest.mark.parametrize(
-    ("headers", "status", "text"),
+    ("encoding", "status", "code", "reason", "text"),
     [
-        ({"Content-Type": "text/plain"}, 415, "Content-Type must be application/x-protobuf"),
-        ({"Content-Type": PROTOBUF, "Content-Encoding": "br"}, 415, "'br' is not supported"),
-        ({"Content-Type": PROTOBUF, "Content-Encoding": "gzip"}, 400, "not valid gzip data"),
+        # gRPC answers a compression it does not know with UNIMPLEMENTED.
+        ("br", 415, code_pb2.UNIMPLEMENTED, "unsupported", "'br' is not supported"),
+        ("gzip", 400, code_pb2.INVALID_ARGUMENT, "malformed", "not valid gzip data"),
     ],
 )
-async def test_unsupported_or_corrupt_encodings_are_refused(
-    headers: dict[str, str], status: int, text: str
+async def test_unsupported_or_corrupt_encodings_are_refused_with_their_reason_and_code(
+    encoding: str, status: int, code: int, reason: str, text: str
 ) -> None:
     async with receiving() as running:
-        async with aiohttp.ClientSession(auto_decompress=False) as client:
-            async with client.post(
-                running.http + "/v1/traces", data=b"\x00\x01binary", headers=headers
-            ) as response:
-                assert response.status == status
-                assert text in (await response.read()).decode(errors="replace")
-        (reason,) = running.receiver.stats.rejected
-        assert reason[0] == "traces"
+        answered, body, content_type = await post(
+            running.http + "/v1/traces",
+            b"\x00\x01binary",
+            PROTOBUF,
+            {"Content-Encoding": encoding},
+        )
+        assert (answered, content_type) == (status, PROTOBUF)
+        refusal = status_pb2.Status.FromString(body)
+        assert refusal.code == code
+        assert text in refusal.message
+        assert running.receiver.stats.rejected == {("traces", reason): 1}
 
 
 # -- limits ------------------------------------------------------------------------------------
@@ -444,9 +461,10 @@ async def test_oversized_http_body_is_a_413_and_counted() -> None:
     async with receiving(max_message_bytes=4096) as running:
         status, body, _ = await post(running.http + "/v1/traces", big, PROTOBUF)
         assert status == 413
-        assert status_pb2.Status.FromString(body).message == (
-            "the body is larger than max_message_bytes (4096 bytes)"
-        )
+        refusal = status_pb2.Status.FromString(body)
+        # What gRPC answers a message past its limit, and not retryable without RetryInfo.
+        assert refusal.code == code_pb2.RESOURCE_EXHAUSTED
+        assert refusal.message == "the body is larger than max_message_bytes (4096 bytes)"
         # A small body compressing a large one is measured after decompression.
         status, body, _ = await post(
             running.http + "/v1/traces",
@@ -455,7 +473,9 @@ async def test_oversized_http_body_is_a_413_and_counted() -> None:
             {"Content-Encoding": "gzip"},
         )
         assert len(gzip.compress(big)) < 4096 and status == 413
-        assert "inflates past max_message_bytes" in status_pb2.Status.FromString(body).message
+        refusal = status_pb2.Status.FromString(body)
+        assert refusal.code == code_pb2.RESOURCE_EXHAUSTED
+        assert "inflates past max_message_bytes" in refusal.message
         assert running.receiver.stats.rejected == {("traces", "too_large"): 2}
         assert running.forwarded == []
         ok, _, _ = await post(running.http + "/v1/traces", spans_bytes(make_spans(1)), PROTOBUF)
@@ -511,16 +531,22 @@ async def test_too_many_log_records_is_a_partial_success() -> None:
         assert partial.rejected_log_records == 4
         assert "4 log records" in partial.error_message
         assert running.receiver.stats.rejected == {("logs", "too_many_items"): 1}
-        assert isinstance(request, ExportLogsServiceRequest)
+        assert running.forwarded == [] and running.receiver.stats.received == {}
 
 
 async def test_a_full_analysis_queue_sheds_analysis_but_still_forwards_and_answers() -> None:
+    # OTLP's partial success is for items the server rejected. These are accepted and
+    # forwarded; only semhealth's own analysis of them is shed, so the answer is a full success.
     spans = make_spans(3)
     async with receiving(max_queue_bytes=16) as running:  # smaller than any request
         response = await grpc_call(running.grpc, spans_bytes(spans))
         assert not response.HasField("partial_success")
-        assert running.forwarded == [("traces", spans_bytes(spans))]
-        assert running.receiver.stats.shed == {("traces", "queue_full"): 3}
+        status, body, _ = await post(running.http + "/v1/traces", spans_bytes(spans), PROTOBUF)
+        assert status == 200
+        assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
+        assert running.forwarded == [("traces", spans_bytes(spans))] * 2
+        assert running.receiver.stats.shed == {("traces", "queue_full"): 6}
+        assert running.receiver.stats.rejected == {}
         await asyncio.sleep(0.1)
         assert running.analysis.spans == []
 
@@ -559,8 +585,25 @@ async def test_shutdown_analyses_what_is_queued_then_closes_the_analysis() -> No
     await grpc_call(f"127.0.0.1:{receiver.grpc_address[1]}", spans_bytes(make_spans(2)))
     await receiver.shutdown()
     assert analysis.span_names() == ["chat 0", "chat 1"]
-    assert analysis.closed and analysis.flushes >= 0
+    assert analysis.closed
     assert receiver.stats.queue_bytes == 0
+
+
+async def test_the_analysis_is_flushed_every_interval_until_shutdown() -> None:
+    analysis = Analysis()
+    receiver = Receiver(
+        ReceiverSettings(grpc_listen=("127.0.0.1", 0), flush_interval_s=0.01), analysis=analysis
+    )
+    await receiver.start()
+    for _ in range(500):
+        if analysis.flushes >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert analysis.flushes >= 3  # traces waiting for their last span are checked again
+    await receiver.shutdown()
+    flushed = analysis.flushes
+    await asyncio.sleep(0.1)  # ten intervals: a flush task left running would have run
+    assert analysis.flushes == flushed
 
 
 async def test_lifecycle_shutdown_without_start_twice_and_a_fresh_instance() -> None:

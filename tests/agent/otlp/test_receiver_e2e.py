@@ -178,7 +178,11 @@ async def test_an_agent_without_upstream_builds_otlp_records_and_forwards_every_
             )
             assert rejected == 1
             assert value(series, "semhealth_otlp_genai_total", event="records") == 3
-            assert value(series, "gen_ai_client_token_usage_count", source="otlp") >= 3
+            # Each span's 12 input and 3 output tokens: one observation of each type a span.
+            for kind, tokens in (("input", 12), ("output", 3)):
+                usage = {"source": "otlp", "gen_ai_token_type": kind}
+                assert value(series, "gen_ai_client_token_usage_count", **usage) == 3
+                assert value(series, "gen_ai_client_token_usage_sum", **usage) == 3 * tokens
         assert hop.bodies("traces") == [spans_bytes(spans)]
         assert [r.source for r in records] == ["otlp"] * 3
         assert {r.model for r in records} == {"gpt-4o-2024-08-06"}

@@ -1,7 +1,8 @@
 """``semhealth replay`` on each kind of input, and on bad input: HAR captures (bodies as real
 servers sent them, one binary), OTLP JSON as the Collector's file exporter writes it (spans
 from a real GenAI instrumentation of the real ``openai`` SDK), and a recording with a broken
-line in the middle and a truncated last line, through the real command line."""
+line in the middle and a truncated last line, through the real command line; and the HTML
+report ``--report`` writes from a real recording."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import base64
 import datetime
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from semhealth.agent.replay.settings import RecordSettings
 from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 from tests.agent.otlp_receiver import GrpcReceiver, resource_attributes
+from tests.agent.replay.test_report import Page
 from tests.agent.replay.traffic import CONTEXT, script_for, send_traffic
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -225,7 +228,10 @@ def test_otlp_json_from_a_real_instrumentation_is_replayed(tmp_path: Path) -> No
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    # The checkout's own package first, then whatever the caller put on the path: replacing
+    # PYTHONPATH would run the installed semhealth, not the tree under test.
+    paths = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
 
 
 def _replay_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -278,6 +284,125 @@ async def test_bad_lines_are_named_and_the_rest_is_replayed(tmp_path: Path) -> N
     table = done.stdout.splitlines()
     assert table[0].split()[:3] == ["route", "records", "validity"]
     assert table[2].split()[:2] == ["chat_completions", "3"]
+
+
+# -- known chunk times ---------------------------------------------------------------------------
+
+MS = 1_000_000  # ns
+HEAD_MS = 50  # every response head arrives 50 ms in: the TTFB, which no TTFT may be mistaken for
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    event = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "gpt-test",
+        "choices": [choice],
+    }
+    return "data: " + orjson.dumps(event).decode() + "\n\n"
+
+
+def _timed_line(n: int, ttft_ms: int) -> bytes:
+    """A recording line whose first content delta arrives ``ttft_ms`` after the request;
+    a role-only chunk at the head's time comes first, as OpenAI sends it."""
+    request = {"model": "gpt-test", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    chunks = [
+        [HEAD_MS * MS, _chunk({"role": "assistant", "content": ""})],
+        [ttft_ms * MS, _chunk({"content": "Paris"})],
+        [(ttft_ms + 10) * MS, _chunk({"content": " it is."})],
+        [(ttft_ms + 20) * MS, _chunk({}, "stop") + "data: [DONE]\n\n"],
+    ]
+    line = {
+        "v": 1,
+        "id": f"{n:032x}",
+        "time": 1_800_000_000 + 10 * n,
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "content_type": "text/event-stream",
+        "content_encoding": None,
+        "ratelimit_source": None,
+        "response_offset_ns": HEAD_MS * MS,
+        "request": {"text": orjson.dumps(request).decode()},
+        "request_skip": None,
+        "chunks": chunks,
+        "elided_bytes": 0,
+        "outcome": {
+            "end_offset_ns": (ttft_ms + 21) * MS,
+            "client_aborted": False,
+            "upstream_aborted": False,
+            "error_type": None,
+            "shed": False,
+        },
+    }
+    return orjson.dumps(line) + b"\n"
+
+
+# Eleven streams whose first content arrives at 100, 200, ... 1100 ms: with linear
+# interpolation (NumPy's default) the p50 is the sixth, 600 ms, and the p95 lies halfway
+# between the tenth and the eleventh, 1050 ms.
+TTFTS_MS = [100 * (i + 1) for i in range(11)]
+
+
+async def test_a_replayed_records_ttft_is_its_first_content_deltas_time(tmp_path: Path) -> None:
+    path = tmp_path / "timed.jsonl"
+    path.write_bytes(b"".join(_timed_line(n, ms) for n, ms in enumerate(TTFTS_MS)))
+    out = tmp_path / "results.jsonl"
+    done = await asyncio.to_thread(_replay_cli, str(path), "-o", str(out), "--no-relevance")
+    assert done.returncode == 0, done.stderr
+    results = sorted(
+        (orjson.loads(line) for line in out.read_bytes().splitlines()), key=lambda r: r["line"]
+    )
+    assert [r["ttft_s"] for r in results] == [ms * MS / 1e9 for ms in TTFTS_MS]
+    assert {r["ttfb_s"] for r in results} == {HEAD_MS * MS / 1e9}
+
+
+async def test_the_summary_tables_ttft_columns_are_the_p50_and_the_p95(tmp_path: Path) -> None:
+    path = tmp_path / "timed.jsonl"
+    path.write_bytes(b"".join(_timed_line(n, ms) for n, ms in enumerate(TTFTS_MS)))
+    done = await asyncio.to_thread(_replay_cli, str(path), "--no-relevance")
+    assert done.returncode == 0, done.stderr
+    table = _table(done.stdout)
+    assert table["route"] == "chat_completions" and table["records"] == "11"
+    assert (table["ttft p50"], table["ttft p95"]) == ("600 ms", "1050 ms")
+
+
+def _table(stdout: str) -> dict[str, str]:
+    """The summary table's first route row, by column name."""
+    header, rule, row = stdout.splitlines()[:3]
+    # The rule under the header marks each column's span.
+    spans = [match.span() for match in re.finditer(r"-+", rule)]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in spans}
+
+
+async def test_the_report_flag_writes_the_page_of_a_real_recording(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    await _record(path)
+    report = tmp_path / "report.html"
+    out = tmp_path / "results.jsonl"
+    done = await asyncio.to_thread(_replay_cli, str(path), "-o", str(out), "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    page = Page(report.read_text(encoding="utf-8"))
+    sections = [attrs.get("id") for tag, attrs in page.tags if tag == "section"]
+    assert sections == [
+        "overview", "routes", "relevance", "relevance-time", "continuity", "ttft", "validity",
+        "alerts", "problems",
+    ]  # fmt: skip
+    # A plot for what the recording has; none where it has nothing to draw.
+    assert sorted(page.svgs()) == ["continuity", "relevance", "relevance-time", "ttft"]
+    assert page.section_text("validity").count("no data") == 1  # every JSON answer was valid
+    assert page.section_text("alerts").count("no data") == 1
+    results = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert f"{len(results)}records replayed" in page.section_text("overview")
+    assert str(path) in page.section_text("overview")
+    assert "Every line of every file was replayed." in page.section_text("problems")
+    # The route row agrees with the results and with the table printed beside it.
+    row = next(row for row in page.rows if row and row[0] == "chat_completions")
+    errors = sum(1 for result in results if result["error_type"])
+    assert row[1:3] == [str(len(results)), str(errors)]
+    table = _table(done.stdout)
+    assert row[7:9] == [table["ttft p50"], table["ttft p95"]]
 
 
 async def test_exit_codes(tmp_path: Path) -> None:

@@ -311,12 +311,22 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path: Path) -> None:
 
 
 def test_percentiles_skip_missing_values() -> None:
-    run = realistic_run(300)
+    # Eleven /extract records with a TTFT of 0.1, 0.2, ... 1.1 s, the rest without one: with
+    # linear interpolation the p50 is the sixth (0.6 s) and the p95 lies halfway between the
+    # tenth and the eleventh (1.05 s); a missing value counted as anything would move both.
+    base = realistic_run(300)
+    extract = [i for i, r in enumerate(base.results) if r.route == "/extract"]
+    ttft = {index: 0.1 * (n + 1) if n < 11 else None for n, index in enumerate(extract)}
+    results = tuple(
+        dataclasses.replace(r, ttft_s=ttft[i]) if i in ttft else r
+        for i, r in enumerate(base.results)
+    )
+    assert len(extract) > 11
+    run = dataclasses.replace(base, results=results)
     rows = {row.route: row for row in stats.route_summaries(run)}
-    extract = rows["/extract"]
-    assert extract.relevance_p50 is None and extract.relevance_p10 is None
-    ttft = [r.ttft_s for r in run.results if r.route == "/extract" and r.ttft_s is not None]
-    assert extract.ttft_p95_s == pytest.approx(float(np.quantile(ttft, 0.95)))
+    assert rows["/extract"].relevance_p50 is None and rows["/extract"].relevance_p10 is None
+    assert rows["/extract"].ttft_p50_s == pytest.approx(0.6)
+    assert rows["/extract"].ttft_p95_s == pytest.approx(1.05)
     assert rows[stats.ALL_ROUTES].records == len(run.results)
     assert rows[stats.ALL_ROUTES].alerts_fired == 2
     assert ReplayRun(files=(), results=(), alerts=(), problems=()).threshold == 0.75

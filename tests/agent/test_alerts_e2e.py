@@ -3,7 +3,7 @@ shortened), a real Alertmanager (Debian's ``prometheus-alertmanager``) paging a
 webhook receiver on loopback. Issue 5's "How it will be checked", through the agent.
 
 Relevance is scored by the real model (all-MiniLM-L6-v2), loaded once for the module and
-handed to each agent as ``Settings.embedding_backend``. The rules are the defaults with
+handed to each agent as ``Settings.loaded_encoders``. The rules are the defaults with
 ``window``, ``for`` and ``min_samples`` overridden by name, so what pages is what ships.
 """
 
@@ -22,11 +22,11 @@ import aiohttp
 import orjson
 import pytest
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.alerts.rules import default_rule_entries
-from semhealth.embeddings.backend import Backend
 from tests.agent.conftest import ScriptFor
 from tests.agent.test_relevance_e2e import (
     RELEVANT,
@@ -111,7 +111,7 @@ async def alerting_agent(
     *,
     rules: Sequence[Mapping[str, object]],
     alertmanagers: Sequence[str] = (),
-    backend: Backend | None = None,
+    loaded: LoadedEncoders | None = None,
     env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Agent]:
     """A scripted upstream and the agent in front of it, evaluating the default rules (as
@@ -123,8 +123,8 @@ async def alerting_agent(
         "upstream.url": upstream.url,
         "listen.proxy": "127.0.0.1:0",
         "listen.admin": "127.0.0.1:0",
-        "relevance.enabled": backend is not None,
-        # The injected backend is MiniLM: the fast profile's default encoder.
+        "relevance.enabled": loaded is not None,
+        # The loaded encoders are the fast profile's.
         "relevance.profile": "fast",
         "alerts.default_rules": True,
         "alerts.rules": [dict(rule) for rule in rules],
@@ -134,7 +134,7 @@ async def alerting_agent(
         "alerts.alertmanager.timeout_s": 2,
     }
     config = load_config(None, dict(env or {}), overrides)
-    agent = Agent(config, Settings(embedding_backend=backend))
+    agent = Agent(config, Settings(loaded_encoders=loaded or {}))
     try:
         await agent.start()
         yield agent
@@ -236,7 +236,7 @@ def unrelated_chats(model: str) -> list[dict[str, Any]]:
 
 
 async def test_irrelevant_context_pages_context_relevance_low_and_relevant_context_resolves_it(
-    minilm: Backend, alertmanager: AlertmanagerServer, webhook: WebhookReceiver
+    fast_encoders: LoadedEncoders, alertmanager: AlertmanagerServer, webhook: WebhookReceiver
 ) -> None:
     model = "rag-bot"
     async with (
@@ -244,7 +244,7 @@ async def test_irrelevant_context_pages_context_relevance_low_and_relevant_conte
             answer,
             rules=[shortened("ContextRelevanceLow")],
             alertmanagers=[alertmanager.url],
-            backend=minilm,
+            loaded=fast_encoders,
             env=ENV,
         ) as agent,
         aiohttp.ClientSession() as session,
@@ -420,7 +420,7 @@ def leaked(text: str) -> list[str]:
 
 
 async def test_no_text_from_the_traffic_reaches_pages_alerts_or_logs(
-    minilm: Backend,
+    fast_encoders: LoadedEncoders,
     alertmanager: AlertmanagerServer,
     webhook: WebhookReceiver,
     caplog: pytest.LogCaptureFixture,
@@ -438,7 +438,7 @@ async def test_no_text_from_the_traffic_reaches_pages_alerts_or_logs(
             lambda _: RawScript(chunks=chunks, content_type="text/event-stream"),
             rules=rules,
             alertmanagers=[alertmanager.url],
-            backend=minilm,
+            loaded=fast_encoders,
             env=ENV,
         ) as agent,
         aiohttp.ClientSession() as session,

@@ -1,7 +1,7 @@
 """Relevance scoring through the sidecar: a real model, a scripted upstream, real listeners.
 
 The model (all-MiniLM-L6-v2, shipped by a PyPI package) is loaded once for the module and
-handed to each agent as ``Settings.embedding_backend``; the agents build everything else
+handed to each agent as ``Settings.loaded_encoders``; the agents build everything else
 (micro-batcher, cache, calibration, stage) as they do in production.
 """
 
@@ -21,6 +21,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from semhealth.agent.analysis.relevance import EMPTY, LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
@@ -84,15 +85,15 @@ class GatedBackend:
 
 @asynccontextmanager
 async def relevance_stack(
-    script_for: ScriptFor, backend: Backend | None, **overrides: Any
+    script_for: ScriptFor, loaded: LoadedEncoders, **overrides: Any
 ) -> AsyncIterator[Stack]:
     upstream = SimulatedUpstream(script_for)
     await upstream.start()
     records: list[StreamRecord] = []
-    # The injected backend is MiniLM: the fast profile's default encoder.
+    # The loaded encoders are the fast profile's (MiniLM, and USE for CJK).
     overrides = {"relevance.enabled": True, "relevance.profile": "fast", **overrides}
     config = agent_config(upstream.url, **overrides)
-    agent = Agent(config, Settings(consumers=[records.append], embedding_backend=backend))
+    agent = Agent(config, Settings(consumers=[records.append], loaded_encoders=loaded))
     try:
         await agent.start()
         yield Stack(upstream, agent, records)
@@ -170,8 +171,10 @@ async def post_one_and_wait_scored(session: aiohttp.ClientSession, agent: Agent)
 # -- scores reach the histograms ---------------------------------------------------------------
 
 
-async def test_relevant_context_scores_higher_than_unrelated_context(minilm: Backend) -> None:
-    async with relevance_stack(answer, minilm) as stack, aiohttp.ClientSession() as session:
+async def test_relevant_context_scores_higher_than_unrelated_context(
+    fast_encoders: LoadedEncoders,
+) -> None:
+    async with relevance_stack(answer, fast_encoders) as stack, aiohttp.ClientSession() as session:
         agent = stack.agent
         for (query, context), unrelated in zip(RELEVANT, UNRELATED_CONTEXT, strict=True):
             await post(session, agent.proxy_url, chat("fits", query, context))
@@ -193,8 +196,10 @@ async def test_relevant_context_scores_higher_than_unrelated_context(minilm: Bac
         assert value(samples, "semhealth_relevance_scored_total") == 6
 
 
-async def test_answer_relevance_is_recorded_next_to_context_relevance(minilm: Backend) -> None:
-    async with relevance_stack(answer, minilm) as stack, aiohttp.ClientSession() as session:
+async def test_answer_relevance_is_recorded_next_to_context_relevance(
+    fast_encoders: LoadedEncoders,
+) -> None:
+    async with relevance_stack(answer, fast_encoders) as stack, aiohttp.ClientSession() as session:
         query, context = RELEVANT[0]
         await post(session, stack.agent.proxy_url, chat("fits", query, context))
         name = "semantic_health_answer_relevance_score_count"
@@ -205,8 +210,8 @@ async def test_answer_relevance_is_recorded_next_to_context_relevance(minilm: Ba
         await wait_for(scored)
 
 
-async def test_repeated_context_is_served_from_the_cache(minilm: Backend) -> None:
-    async with relevance_stack(answer, minilm) as stack, aiohttp.ClientSession() as session:
+async def test_repeated_context_is_served_from_the_cache(fast_encoders: LoadedEncoders) -> None:
+    async with relevance_stack(answer, fast_encoders) as stack, aiohttp.ClientSession() as session:
         query, context = RELEVANT[1]
         for _ in range(2):
             await post(session, stack.agent.proxy_url, chat("fits", query, context))
@@ -226,11 +231,11 @@ async def test_repeated_context_is_served_from_the_cache(minilm: Backend) -> Non
 
 
 async def test_saturated_scorer_sheds_and_counts_while_bytes_flow_unchanged(
-    minilm: Backend,
+    fast_encoders: LoadedEncoders,
 ) -> None:
     gate = asyncio.Event()
     gate.set()
-    slow = GatedBackend(minilm, gate, delay_s=0.3)
+    slow = {**fast_encoders, "default": GatedBackend(fast_encoders["default"], gate, delay_s=0.3)}
     async with (
         relevance_stack(raw_sse, slow, **{"relevance.max_in_flight": 1}) as stack,
         aiohttp.ClientSession() as session,
@@ -249,10 +254,14 @@ async def test_saturated_scorer_sheds_and_counts_while_bytes_flow_unchanged(
         assert stage.stats.dropped == dropped
 
 
-async def test_records_reach_later_consumers_while_scores_are_pending(minilm: Backend) -> None:
+async def test_records_reach_later_consumers_while_scores_are_pending(
+    fast_encoders: LoadedEncoders,
+) -> None:
     gate = asyncio.Event()  # closed: no embedding finishes until the records are counted
     async with (
-        relevance_stack(answer, GatedBackend(minilm, gate)) as stack,
+        relevance_stack(
+            answer, {**fast_encoders, "default": GatedBackend(fast_encoders["default"], gate)}
+        ) as stack,
         aiohttp.ClientSession() as session,
     ):
         for query, context in RELEVANT:
@@ -269,10 +278,10 @@ async def test_records_reach_later_consumers_while_scores_are_pending(minilm: Ba
         await wait_for(all_scored)
 
 
-async def test_sampled_out_streams_are_counted_as_skipped(minilm: Backend) -> None:
+async def test_sampled_out_streams_are_counted_as_skipped(fast_encoders: LoadedEncoders) -> None:
     overrides = {"relevance.sample_rate": 0}
     async with (
-        relevance_stack(answer, minilm, **overrides) as stack,
+        relevance_stack(answer, fast_encoders, **overrides) as stack,
         aiohttp.ClientSession() as session,
     ):
         query, context = RELEVANT[2]
@@ -349,7 +358,7 @@ async def _score_one_without_local_extra(
     the local extra (the encoders load for real): its context score sum and the log lines."""
     hide_packages(monkeypatch, "sentence_transformers")
     with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
-        async with relevance_stack(answer, None, **settings) as stack:
+        async with relevance_stack(answer, EMPTY, **settings) as stack:
             async with aiohttp.ClientSession() as session:
                 await post_one_and_wait_scored(session, stack.agent)
                 samples = await metrics(session, stack.agent)

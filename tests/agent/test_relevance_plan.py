@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from semhealth.agent.analysis.relevance import RelevanceStage, Settings, plan_relevance
+from semhealth.agent.analysis.relevance import RelevanceStage, Settings, plan_relevance, used
 from semhealth.agent.config import Relevance, load_config
 from semhealth.collectors import RequestFacts, StreamRecord
 from semhealth.embeddings import RelevanceScores
@@ -67,7 +68,9 @@ def test_a_calibration_file_for_the_configured_encoder_is_not_applied_to_use(
     tmp_path: Path,
 ) -> None:
     calibration = tmp_path / "calibration.json"
-    calibration.write_text("{}")
+    # A real file, as semhealth calibrate writes it: config checks open it.
+    shipped = files("semhealth.embeddings.calibrations") / "all-MiniLM-L6-v2.json"
+    calibration.write_text(shipped.read_text())
     config = relevance(**{"relevance.calibration": str(calibration)})
     plan = plan_relevance(config, find_spec=hiding("sentence_transformers"))
     assert plan.calibration is None
@@ -107,12 +110,6 @@ def test_enabled_true_keeps_the_configured_encoders_whatever_is_installed() -> N
     assert plan.fallback is None
 
 
-def test_a_backend_handed_in_is_used_whatever_is_installed() -> None:
-    config = relevance()
-    plan = plan_relevance(config, backend_given=True, find_spec=hiding("sentence_transformers"))
-    assert plan.embeddings is config.embeddings
-
-
 class FixedScorer:
     async def score(
         self, query: str, context_chunks: Any = (), answer: str | None = None
@@ -140,3 +137,16 @@ async def test_scores_go_to_every_sink_in_order() -> None:
     stage.consume_record(record)
     await stage.shutdown(timeout_s=5.0)
     assert seen == [("recorder", 0.8), ("demo", 0.8)]
+
+
+def test_loaded_encoders_change_only_what_is_loaded_never_the_plan() -> None:
+    # Under auto without sentence-transformers the default install scores with USE alone:
+    # a MiniLM handed in for "default" is not used, and routing stays the plan's.
+    config = relevance(**{"relevance.profile": "fast"})
+    minilm = object()  # only its identity matters here
+    plan = plan_relevance(config, find_spec=hiding("sentence_transformers"))
+    assert [e.name for e in plan.encoders] == ["multilingual"]
+    assert used(plan, {"default": minilm}) == {}  # type: ignore[dict-item]
+    plan = plan_relevance(config, find_spec=hiding())
+    assert plan.embeddings is not None and plan.embeddings.route_cjk_to == "multilingual"
+    assert used(plan, {"default": minilm}) == {"default": minilm}  # type: ignore[dict-item]

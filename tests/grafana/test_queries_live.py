@@ -51,6 +51,7 @@ import orjson
 import pytest
 
 import tests.agent.prometheus_server as prometheus_server
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
@@ -199,8 +200,8 @@ async def stop_scorer(scorer: ScorerServer, metrics: MetricsServer) -> None:
 class AgentThread:
     """The upstream and the agent on an event loop of their own: Prometheus queries block."""
 
-    def __init__(self, backend: LocalBackend) -> None:
-        self.backend = backend
+    def __init__(self, loaded: LoadedEncoders) -> None:
+        self.loaded = loaded
         self.records: list[StreamRecord] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -224,7 +225,7 @@ class AgentThread:
                 "alerts.alertmanager.urls": [f"http://127.0.0.1:{free_port()}"],
             },
         )
-        settings = Settings(consumers=[self.records.append], embedding_backend=self.backend)
+        settings = Settings(consumers=[self.records.append], loaded_encoders=self.loaded)
         self.agent = Agent(config, settings)
         self.run(self.agent.start())
         return self.agent
@@ -274,12 +275,12 @@ _plain_config = prometheus_server._config
 
 @pytest.fixture(scope="module")
 def prometheus(
-    minilm: LocalBackend, tmp_path_factory: pytest.TempPathFactory
+    minilm: LocalBackend, fast_encoders: LoadedEncoders, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrometheusServer]:
     if find_binary("prometheus") is None and not required():
         prometheus_server.require_binary("prometheus")  # skips with the reason
     with ExitStack() as stack, pytest.MonkeyPatch.context() as patch:
-        agent_thread = AgentThread(minilm)
+        agent_thread = AgentThread(fast_encoders)
         agent = stack.enter_context(agent_thread)
         address = agent.admin_address
         assert address is not None

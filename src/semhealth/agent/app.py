@@ -31,11 +31,13 @@ from semhealth.agent.analysis.health import Health, observe_health
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.relevance import (
     ENCODER_NOT_SERVED,
+    LoadedEncoders,
     RelevanceStage,
     RelevanceStats,
     Unscored,
     observe_relevance,
     plan_relevance,
+    used,
 )
 from semhealth.agent.analysis.relevance import Settings as RelevanceSettings
 from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats, observe_tap
@@ -67,7 +69,6 @@ from semhealth.agent.telemetry.recorder import Recorder, RecorderSettings
 from semhealth.alerts.model import Rule
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings import (
-    Backend,
     CacheStats,
     CalibrationError,
     EmbeddingError,
@@ -89,9 +90,7 @@ class Settings:
     consumers: Sequence[ConsumeRecord] = ()  # after the recorder and the relevance stage
     telemetry: TelemetrySettings | None = None  # None: from the configuration
     shutdown_timeout_s: float = 10.0
-    # Replaces the configured encoder's backend (the caller keeps it open and closes it):
-    # tests share one loaded model between agents this way.
-    embedding_backend: Backend | None = None
+    loaded_encoders: LoadedEncoders = field(default_factory=dict)  # see LoadedEncoders
     # The analysis process: no relay; copies come from forwarders over ``tap_socket`` and the
     # admin app listens on ``admin_socket`` (the forwarder's admin front relays to it).
     tap_socket: str | None = None
@@ -436,8 +435,7 @@ class Agent:
     async def _start_relevance(self) -> None:
         """Load the encoder (off the loop) and put the relevance stage after the recorder."""
         relevance = self._config.relevance
-        backend = self._settings.embedding_backend
-        plan = plan_relevance(relevance, backend_given=backend is not None)
+        plan = plan_relevance(relevance)
         if plan.embeddings is None:
             if relevance.enabled == "auto":
                 log.info("relevance scoring is off: %s", plan.off)
@@ -451,7 +449,7 @@ class Agent:
                 open_scorer(
                     plan.embeddings,
                     calibration_path=plan.calibration,
-                    backend=backend,
+                    backends=used(plan, self._settings.loaded_encoders),
                     on_task_failure=self.health.reporter("relevance"),
                 )
             )

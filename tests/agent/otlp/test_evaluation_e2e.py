@@ -22,6 +22,7 @@ import openai
 import pytest
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.otlp.evaluation import (
@@ -37,7 +38,6 @@ from semhealth.agent.otlp.evaluation import (
     SCORE_VALUE,
 )
 from semhealth.collectors.record import StreamRecord
-from semhealth.embeddings.backend import Backend
 from tests.agent.conftest import Stack, agent_config
 from tests.agent.otlp_receiver import GrpcReceiver, HttpReceiver, attributes
 from tests.agent.test_cli import _env, _wait_ready
@@ -130,7 +130,7 @@ def evaluation_overrides(receiver: GrpcReceiver | HttpReceiver) -> dict[str, Any
 
 @asynccontextmanager
 async def judged_stack(
-    receiver: GrpcReceiver | HttpReceiver, backend: Backend
+    receiver: GrpcReceiver | HttpReceiver, loaded: LoadedEncoders
 ) -> AsyncIterator[Stack]:
     upstream = SimulatedUpstream(json_answer)
     await upstream.start()
@@ -143,7 +143,7 @@ async def judged_stack(
             **evaluation_overrides(receiver),
         },
     )
-    agent = Agent(config, Settings(consumers=[records.append], embedding_backend=backend))
+    agent = Agent(config, Settings(consumers=[records.append], loaded_encoders=loaded))
     try:
         await agent.start()
         yield Stack(upstream, agent, records)
@@ -153,10 +153,10 @@ async def judged_stack(
 
 
 async def test_evaluations_of_proxied_calls_arrive_on_the_callers_spans(
-    receiver: GrpcReceiver | HttpReceiver, minilm: Backend
+    receiver: GrpcReceiver | HttpReceiver, fast_encoders: LoadedEncoders
 ) -> None:
     (query, context), unrelated = PAIRS[0], UNRELATED_CONTEXT[0]
-    async with judged_stack(receiver, minilm) as stack, aiohttp.ClientSession() as session:
+    async with judged_stack(receiver, fast_encoders) as stack, aiohttp.ClientSession() as session:
         agent = stack.agent
         answers = [
             await ask(agent.proxy_url, "fits", query, context, FITS),

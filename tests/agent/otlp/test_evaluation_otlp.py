@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.otlp.evaluation import (
@@ -28,7 +29,6 @@ from semhealth.agent.otlp.evaluation import (
     SCORE_VALUE,
 )
 from semhealth.collectors import StreamRecord
-from semhealth.embeddings.backend import Backend
 from tests.agent.otlp.test_evaluation_e2e import by_span, expected_label
 from tests.agent.otlp_receiver import GrpcReceiver
 from tests.agent.test_relevance_e2e import RELEVANT as PAIRS
@@ -86,7 +86,7 @@ async def export(target: str, spans: Sequence[ReadableSpan]) -> SpanExportResult
 
 @asynccontextmanager
 async def receiver_agent(
-    events: GrpcReceiver, backend: Backend, records: list[StreamRecord]
+    events: GrpcReceiver, loaded: LoadedEncoders, records: list[StreamRecord]
 ) -> AsyncIterator[Agent]:
     overrides: dict[str, object] = {
         "listen.admin": "127.0.0.1:0",
@@ -98,7 +98,7 @@ async def receiver_agent(
         "otlp_receiver.evaluation.endpoint": events.endpoint,
     }
     config = load_config(None, {}, overrides)
-    agent = Agent(config, Settings(consumers=[records.append], embedding_backend=backend))
+    agent = Agent(config, Settings(consumers=[records.append], loaded_encoders=loaded))
     await agent.start()
     try:
         yield agent
@@ -106,13 +106,15 @@ async def receiver_agent(
         await agent.shutdown()
 
 
-async def test_evaluations_of_received_spans_arrive_on_those_spans(minilm: Backend) -> None:
+async def test_evaluations_of_received_spans_arrive_on_those_spans(
+    fast_encoders: LoadedEncoders,
+) -> None:
     spans = app_spans()
     events = GrpcReceiver()
     await events.start()
     records: list[StreamRecord] = []
     try:
-        async with receiver_agent(events, minilm, records) as agent:
+        async with receiver_agent(events, fast_encoders, records) as agent:
             assert agent.intake is not None and agent.intake.receiver.grpc_address is not None
             target = f"127.0.0.1:{agent.intake.receiver.grpc_address[1]}"
             assert await export(target, spans) is SpanExportResult.SUCCESS

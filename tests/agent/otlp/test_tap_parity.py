@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors import StreamRecord
-from semhealth.embeddings import LocalBackend
 from tests.agent.otlp.collector import Collector
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,7 +70,9 @@ async def until(records: list[StreamRecord], source: str, count: int) -> list[St
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-async def test_the_otlp_tap_sees_what_the_proxy_tap_sees(mode: str, minilm: LocalBackend) -> None:
+async def test_the_otlp_tap_sees_what_the_proxy_tap_sees(
+    mode: str, fast_encoders: LoadedEncoders
+) -> None:
     upstream = SimulatedUpstream(script)
     await upstream.start()
     hop = Collector()
@@ -90,7 +92,7 @@ async def test_the_otlp_tap_sees_what_the_proxy_tap_sees(mode: str, minilm: Loca
     }
     agent = Agent(
         load_config(None, {}, overrides),
-        Settings(consumers=[records.append], embedding_backend=minilm),
+        Settings(consumers=[records.append], loaded_encoders=fast_encoders),
     )
     await agent.start()
     try:

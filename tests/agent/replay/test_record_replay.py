@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 import pytest
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import RawScript, ScriptRequest, SimulatedUpstream
 from semhealth.agent.replay.inputs import ExchangeInput, read_file
@@ -27,7 +28,7 @@ from semhealth.agent.replay.pipeline import build_records
 from semhealth.agent.replay.run import Options, replay
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.collectors import StreamRecord
-from semhealth.embeddings import LocalBackend, RelevanceScores
+from semhealth.embeddings import RelevanceScores
 from tests.agent.conftest import agent_config
 from tests.agent.replay.traffic import comparable, key, script_for, send_traffic
 from tests.agent.test_cli import _env
@@ -85,7 +86,7 @@ def _config(upstream_url: str) -> Any:
 
 
 async def _live_run(
-    path: Path, minilm: LocalBackend
+    path: Path, loaded: LoadedEncoders
 ) -> tuple[list[StreamRecord], list[tuple[StreamRecord, RelevanceScores]], set[Any], Any]:
     upstream = SimulatedUpstream(script_for)
     await upstream.start()
@@ -96,7 +97,7 @@ async def _live_run(
         config,
         Settings(
             consumers=[records.append],
-            embedding_backend=minilm,
+            loaded_encoders=loaded,
             record=RecordSettings(path=str(path)),
         ),
     )
@@ -123,10 +124,10 @@ async def _live_run(
 
 
 async def test_replay_of_a_recording_gives_the_live_records_scores_and_alerts(
-    tmp_path: Path, minilm: LocalBackend
+    tmp_path: Path, fast_encoders: LoadedEncoders
 ) -> None:
     path = tmp_path / "traffic.jsonl"
-    live, live_scores, live_firing, config = await _live_run(path, minilm)
+    live, live_scores, live_firing, config = await _live_run(path, fast_encoders)
     assert len(live) == 4
     assert sum(record.client_aborted for record in live) == 1
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -144,7 +145,7 @@ async def test_replay_of_a_recording_gives_the_live_records_scores_and_alerts(
     assert (False, False, True) in kinds  # JSON mode, checked
 
     # Scores and alerts: the same model, the same rules, on the recording's clock.
-    outcome = await replay([str(path)], config, Options(backend=minilm))
+    outcome = await replay([str(path)], config, Options(loaded_encoders=fast_encoders))
     run = outcome.run
     assert len(run.results) == 4 and run.problems == ()
     scored = {key(record): s for record, s in live_scores}

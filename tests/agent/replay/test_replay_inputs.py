@@ -26,7 +26,6 @@ from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.replay.run import Options, replay
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 from tests.agent.otlp_receiver import GrpcReceiver, resource_attributes
 from tests.agent.replay.test_report import Page
@@ -153,12 +152,10 @@ async def _har(path: Path) -> None:
     await asyncio.to_thread(path.write_bytes, orjson.dumps(document, option=orjson.OPT_INDENT_2))
 
 
-async def test_har_bodies_are_replayed_without_inventing_chunk_times(
-    tmp_path: Path, minilm: LocalBackend
-) -> None:
+async def test_har_bodies_are_replayed_without_inventing_chunk_times(tmp_path: Path) -> None:
     path = tmp_path / "capture.har"
     await _har(path)
-    outcome = await replay([str(path)], _config(), Options(backend=minilm))
+    outcome = await replay([str(path)], _config(), Options())
     run = outcome.run
     (problem,) = run.problems
     assert problem.line == 3 and problem.source_file == str(path)

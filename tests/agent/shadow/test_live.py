@@ -19,13 +19,13 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import ShadowSettings, ShadowUpstream, Timeouts, Tolerances
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.shadow.live import ShadowStats
 from semhealth.agent.shadow.pairs import PairResult
 from semhealth.collectors.record import StreamRecord
-from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 
 PARIS = ("The ", "capital ", "of ", "France ", "is ", "Paris", ".")
@@ -91,7 +91,7 @@ async def shadowed(
     *,
     shadow: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
-    backend: LocalBackend | None = None,
+    loaded: LoadedEncoders | None = None,
     shadow_on: bool = True,
     candidate_url: str | None = None,
     timeouts: Timeouts | None = None,
@@ -112,7 +112,7 @@ async def shadowed(
     settings = shadow_settings(upstream, **(shadow or {})) if shadow_on else None
     agent = Agent(
         agent_config(primary.url, **(config or {})),
-        Settings(consumers=[records.append], shadow=settings, embedding_backend=backend),
+        Settings(consumers=[records.append], shadow=settings, loaded_encoders=loaded or {}),
     )
     try:
         await agent.start()
@@ -462,7 +462,9 @@ async def test_the_shadow_counters_are_served_on_the_admin_port() -> None:
     assert value("semantic_health_shadow_pairs_total", route=ROUTE, result="shed") == 2.0
 
 
-async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: LocalBackend) -> None:
+async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(
+    fast_encoders: LoadedEncoders,
+) -> None:
     # One word in seven differs: token distance 1/7 passes, no candidate errors pass, and an
     # agreement below 1 cannot reach 0.99 (TTFT ratios, loopback timings, are left unjudged
     # here: a failed check fails the route whatever they are).
@@ -472,7 +474,7 @@ async def test_shadow_json_has_the_verdict_and_worst_ids_and_no_text(minilm: Loc
         answering(LYON),
         shadow={"tolerances": tolerances},
         config={"relevance.enabled": True, "relevance.profile": "fast"},
-        backend=minilm,
+        loaded=fast_encoders,
     ) as run:
         client = run.client()
         for _ in range(3):

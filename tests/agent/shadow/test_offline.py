@@ -13,6 +13,7 @@ import openai
 import orjson
 import pytest
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.app import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.replay.settings import RecordSettings
@@ -26,7 +27,6 @@ from semhealth.agent.shadow.offline import (
     exchanges,
 )
 from semhealth.agent.shadow.pairs import PairResult
-from semhealth.embeddings import LocalBackend
 from tests.agent.conftest import agent_config
 
 SEGMENT = default_segmenter()
@@ -79,7 +79,7 @@ def _text_pairs(pairs: Sequence[PairResult]) -> list[PairResult]:
 
 
 async def test_a_candidate_that_differs_by_one_word_gives_the_known_measures(
-    tmp_path: Path, minilm: LocalBackend
+    tmp_path: Path, fast_encoders: LoadedEncoders
 ) -> None:
     primary, candidate = answering(PARIS), answering(LYON)
     await primary.start()
@@ -90,9 +90,9 @@ async def test_a_candidate_that_differs_by_one_word_gives_the_known_measures(
         compared = await diff_candidate(
             [str(recording)],
             Candidate(url=candidate.url + "/v1"),
-            agent_config(primary.url, **{"relevance.enabled": True}),
+            agent_config(primary.url, **{"relevance.enabled": True, "relevance.profile": "fast"}),
             SEGMENT,
-            backend=minilm,
+            loaded=fast_encoders,
         )
     finally:
         await primary.shutdown()

@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
+from types import MappingProxyType
 from typing import Any
 
 from semhealth.agent.config import Relevance
@@ -30,6 +31,7 @@ from semhealth.collectors import StreamRecord
 from semhealth.common.threadcpu import cpu_seconds
 from semhealth.embeddings import (
     EMBEDDING_THREADS,
+    Backend,
     CacheStats,
     Config,
     EmbeddingError,
@@ -67,18 +69,31 @@ class RelevancePlan:
         return [] if self.embeddings is None else used_encoders(self.embeddings)
 
 
+# Encoders already loaded, by the configured encoder's name: each is used instead of loading
+# that encoder again (the caller keeps it open). Nothing else changes: whether scoring runs,
+# which encoders, the routing and the calibrations all come from the configuration. Tests
+# share one loaded model between the agents they start this way.
+LoadedEncoders = Mapping[str, Backend]
+EMPTY: LoadedEncoders = MappingProxyType({})
+
+
+def used(plan: RelevancePlan, loaded: LoadedEncoders) -> dict[str, Backend]:
+    """The loaded encoders the plan scores with (a plan without one loads none)."""
+    return {e.name: loaded[e.name] for e in plan.encoders if e.name in loaded}
+
+
 @contextlib.asynccontextmanager
 async def offline_scorer(
-    relevance: Relevance, backend: Backend | None = None
+    relevance: Relevance, loaded: LoadedEncoders = EMPTY
 ) -> AsyncIterator[Scorer | str]:
     """The configured relevance scorer for an offline run (replay, ``semhealth diff``), or
-    the reason there is none. ``backend`` replaces the configured encoder's (tests)."""
-    plan = plan_relevance(relevance, backend_given=backend is not None)
+    the reason there is none. ``loaded``: see ``LoadedEncoders``."""
+    plan = plan_relevance(relevance)
     if plan.embeddings is None:
         yield plan.off or "relevance is off"
         return
     async with open_scorer(
-        plan.embeddings, calibration_path=plan.calibration, backend=backend
+        plan.embeddings, calibration_path=plan.calibration, backends=used(plan, loaded)
     ) as scorer:
         yield scorer
 
@@ -86,20 +101,19 @@ async def offline_scorer(
 def plan_relevance(
     relevance: Relevance,
     *,
-    backend_given: bool = False,
     find_spec: Callable[[str], ModuleSpec | None] | None = None,
 ) -> RelevancePlan:
     """What relevance scoring starts with, decided without importing any model package.
 
-    ``enabled: false``: nothing. ``true``, or a backend handed in by the caller: the
-    configured encoders, whatever is installed (a missing package fails the start). ``auto``:
+    ``enabled: false``: nothing. ``true``: the configured encoders, whatever is installed
+    (a missing package fails the start). ``auto``:
     the configured encoders when they can be built; USE for every request when only
     sentence-transformers is missing (the default install); else nothing, with the reason.
     ``find_spec`` looks packages up (None: ``importlib.util.find_spec``).
     """
     if relevance.enabled is False:
         return RelevancePlan(None, off="relevance.enabled is false")
-    if relevance.enabled is True or backend_given:
+    if relevance.enabled is True:
         return RelevancePlan(relevance.embeddings, relevance.calibration)
     choice = choose_encoders(relevance.embeddings, find_spec)
     if choice.config is None:

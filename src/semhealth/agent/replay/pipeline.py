@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from semhealth.agent.analysis.relevance import eligibility, offline_scorer
+from semhealth.agent.analysis.relevance import EMPTY, LoadedEncoders, eligibility, offline_scorer
 from semhealth.agent.config import Config
 from semhealth.agent.config.contracts import attach_contracts
 from semhealth.agent.replay.inputs import ExchangeInput, Input, OTLPInput
@@ -42,7 +42,7 @@ from semhealth.agent.telemetry.recorder import Recorder, RecorderSettings, error
 from semhealth.alerts import Evaluator, Rule, Sample
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import StreamCollector, StreamRecord
-from semhealth.embeddings import Backend, EmbeddingError, Overloaded, RelevanceScores
+from semhealth.embeddings import EmbeddingError, Overloaded, RelevanceScores
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +192,12 @@ async def score_records(
     records: Sequence[Replayed],
     config: Config,
     *,
-    backend: Backend | None = None,
+    loaded: LoadedEncoders = EMPTY,
     progress: Callable[[int], object] = lambda _n: None,
 ) -> Scored:
     """Relevance of every eligible record, ``_SCORE_WINDOW`` at a time through the batcher."""
     scored = Scored()
-    async with offline_scorer(config.relevance, backend) as scorer:
+    async with offline_scorer(config.relevance, loaded) as scorer:
         if isinstance(scorer, str):
             scored.off = scorer
             return scored

@@ -8,11 +8,12 @@ scored, once while they are recorded and the rules evaluated.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
+from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.config import Config
 from semhealth.agent.replay.inputs import Input, read_file
 from semhealth.agent.replay.pipeline import (
@@ -26,7 +27,6 @@ from semhealth.agent.replay.pipeline import (
 )
 from semhealth.agent.replay.results import RecordResult, ReplayRun
 from semhealth.alerts import Rule
-from semhealth.embeddings import Backend
 
 DEFAULT_THRESHOLD = 0.75
 
@@ -36,7 +36,7 @@ class Options:
     relevance: bool = True  # False: --no-relevance
     otlp_push: str | None = None  # endpoint to push the resulting metrics to, once
     progress: bool = False  # a progress bar on stderr (only where it is a terminal)
-    backend: Backend | None = None  # replaces the configured encoder's backend (tests)
+    loaded_encoders: LoadedEncoders = field(default_factory=dict)  # see LoadedEncoders
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,10 @@ async def replay(files: Sequence[str], config: Config, options: Options) -> Outc
     with bar:
         scored = (
             await score_records(
-                ordered, config, backend=options.backend, progress=lambda n: bar.update(n)
+                ordered,
+                config,
+                loaded=options.loaded_encoders,
+                progress=lambda n: bar.update(n),
             )
             if options.relevance
             else Scored(off="--no-relevance")

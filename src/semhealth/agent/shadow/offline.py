@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from semhealth.agent.analysis.relevance import offline_scorer
+from semhealth.agent.analysis.relevance import EMPTY, LoadedEncoders, offline_scorer
 from semhealth.agent.config import Config
 from semhealth.agent.config.contracts import attach_contracts
 from semhealth.agent.replay.format import RecordedExchange
@@ -36,7 +36,7 @@ from semhealth.agent.shadow.diff import Segmenter
 from semhealth.agent.shadow.pairs import PairResult, agreement, compare
 from semhealth.collectors import Config as CollectorsConfig
 from semhealth.collectors import Exchange, StreamCollector, StreamRecord
-from semhealth.embeddings import Backend, EmbeddingError, Overloaded, Scorer
+from semhealth.embeddings import EmbeddingError, Overloaded, Scorer
 
 Progress = Callable[[int], object]
 
@@ -256,7 +256,7 @@ async def diff_recordings(
     config: Config,
     segment: Segmenter,
     *,
-    backend: Backend | None = None,
+    loaded: LoadedEncoders = EMPTY,
     progress: Progress = lambda _n: None,
 ) -> Compared:
     compared = Compared()
@@ -264,7 +264,7 @@ async def diff_recordings(
     ours = exchanges([primary_path], compared.problems)
     theirs = exchanges([shadow_path], compared.problems)
     joined, compared.unpaired = join_recordings(ours, theirs)
-    async with offline_scorer(config.relevance, backend) as scorer:
+    async with offline_scorer(config.relevance, loaded) as scorer:
         compared.relevance_off = scorer if isinstance(scorer, str) else None
         for first, second in joined:
             a, b = exchange_record(first, collectors), exchange_record(second, collectors)
@@ -280,7 +280,7 @@ async def diff_candidate(
     config: Config,
     segment: Segmenter,
     *,
-    backend: Backend | None = None,
+    loaded: LoadedEncoders = EMPTY,
     progress: Progress = lambda _n: None,
 ) -> Compared:
     compared = Compared()
@@ -290,7 +290,7 @@ async def diff_candidate(
     timeout = aiohttp.ClientTimeout(total=candidate.timeout_s)
     async with (
         aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session,
-        offline_scorer(config.relevance, backend) as scorer,
+        offline_scorer(config.relevance, loaded) as scorer,
     ):
         compared.relevance_off = scorer if isinstance(scorer, str) else None
 

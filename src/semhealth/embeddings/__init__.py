@@ -5,7 +5,8 @@ checks and the CPU count load with it; every other name is imported on first use
 So reading the configuration (the forwarding process does) loads neither numpy nor grpc
 (``RemoteScorerBackend``, ``serve_scorer``) nor aiohttp (``TEIBackend``,
 ``OpenAICompatibleBackend``) nor tqdm (``score_jsonl``, ``calibrate_from_jsonl``). torch is
-imported only when a ``LocalBackend`` is built.
+imported only when a ``LocalBackend`` or an ``E5TorchBackend`` is built (``open_e5_backend``
+imports it to ask for a GPU).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
         load_calibration,
         read_calibration,
     )
+    from semhealth.embeddings.e5_engine import open_e5_backend
+    from semhealth.embeddings.e5_torch import E5TorchBackend
     from semhealth.embeddings.factory import open_scorer
     from semhealth.embeddings.jsonl import calibrate_from_jsonl, score_jsonl
     from semhealth.embeddings.local import LocalBackend, resolve_model
@@ -91,6 +94,7 @@ _LAZY = {
     "CacheStats": "cache",
     "Calibration": "calibration",
     "CalibrationError": "calibration",
+    "E5TorchBackend": "e5_torch",
     "Embedder": "backend",
     "LocalBackend": "local",
     "MicroBatcher": "batcher",
@@ -113,6 +117,7 @@ _LAZY = {
     "load_calibration": "calibration",
     "read_calibration": "calibration",
     "normalize_rows": "backend",
+    "open_e5_backend": "e5_engine",
     "open_scorer": "factory",
     "resolve_model": "local",
     "OpenAICompatibleBackend": "remote_openai",
@@ -158,6 +163,7 @@ __all__ = [
     "Closed",
     "Config",
     "ConfigIssue",
+    "E5TorchBackend",
     "Embedder",
     "EmbeddingError",
     "Encoder",
@@ -198,6 +204,7 @@ __all__ = [
     "load_calibration",
     "missing_package",
     "normalize_rows",
+    "open_e5_backend",
     "open_scorer",
     "profile_issues",
     "read_bearer_token",

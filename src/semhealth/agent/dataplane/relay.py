@@ -293,6 +293,7 @@ class _Request:
         "body_size",
         "chunked",
         "complete",
+        "expect_continue",
         "headers",
         "http10",
         "keep_alive",
@@ -313,6 +314,7 @@ class _Request:
         self.http10 = False
         self.keep_alive = True
         self.chunked = False
+        self.expect_continue = False  # sent Expect: 100-continue; the relay answers it
         self.complete = False
         self.terminated = False  # the last chunk went upstream
         self.pending: list[bytes] = []  # body bytes framed for the upstream, not yet written
@@ -363,6 +365,14 @@ class _Exchange:
         if limit and relay.active > limit:  # this exchange is counted in active already
             self.fail("upstream_concurrency_limit", rejected=True)
             return
+        request = self.request
+        if request.expect_continue and not request.http10 and not request.complete:
+            # Answered here, as nginx and Envoy do, and not forwarded: an upstream that never
+            # sends 100 would leave the client waiting out its expect timeout. The body is
+            # relayed whatever its size (an oversized one is forwarded, only not analysed).
+            # It is this exchange's turn: a pipelined request's 100 waits for the answers
+            # before it, and the reading of its body with it.
+            self.client.write(_CONTINUE)
         conn = relay.pool.take(relay.loop.time())
         if conn is not None:
             self.reused = True
@@ -430,7 +440,7 @@ class _Exchange:
         lines.append(b"\r\n")
         for name, value in request.headers:
             lower = name.lower()
-            if lower in _REQUEST_DROP or lower in named:
+            if lower in _REQUEST_DROP or lower in named or _expects_continue(name, value):
                 continue
             lines += (name, b": ", value, b"\r\n")
         if request.chunked:
@@ -854,6 +864,9 @@ class _ClientConnection(asyncio.Protocol):
             name.lower() == b"transfer-encoding" and value.rstrip().lower().endswith(b"chunked")
             for name, value in request.headers
         )
+        request.expect_continue = any(
+            _expects_continue(name, value) for name, value in request.headers
+        )
         if request.method == b"CONNECT" or not (
             request.url.startswith(b"/") or request.url == b"*" or b"://" in request.url[:16]
         ):
@@ -1080,6 +1093,12 @@ def _head(
     lines.append(b"\r\n")
     return b"".join(lines)
 
+
+def _expects_continue(name: bytes, value: bytes) -> bool:
+    return name.lower() == b"expect" and value.strip().lower() == b"100-continue"
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # Request trailers are parsed and dropped, never forwarded (RFC 9110 §6.5.1 allows it):
 # servers that mishandle them, aiohttp's among them, put them into the next request's headers.

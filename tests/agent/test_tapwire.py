@@ -43,6 +43,7 @@ exchanges = st.builds(
     request_body=st.none() | st.binary(max_size=200),
     request_skip=st.none() | st.just("oversized"),
     ratelimit_source=st.none() | st.text(max_size=10),
+    request_bytes=st.integers(min_value=0, max_value=2**40),
 )
 
 

@@ -113,14 +113,20 @@ def decode_open(start_ns: int, payload: bytes) -> Exchange:
         request_skip=meta["request_skip"],
         ratelimit_source=meta["ratelimit_source"],
         traceparent=meta.get("traceparent"),
+        request_bytes=meta.get("request_bytes", 0),
     )
 
 
-def _optional(exchange: Exchange) -> dict[str, str]:
+def _optional(exchange: Exchange) -> dict[str, str | int]:
     """Keys an OPEN frame carries only when set. The meta is a JSON object read by key, so a
-    key added here is ignored by an older reader and absent keys read as None by a newer one:
+    key added here is ignored by an older reader and absent keys read as unset by a newer one:
     forwarders and analysis of neighbouring versions still understand each other."""
-    return {} if exchange.traceparent is None else {"traceparent": exchange.traceparent}
+    keys: dict[str, str | int] = {}
+    if exchange.traceparent is not None:
+        keys["traceparent"] = exchange.traceparent
+    if exchange.request_bytes:
+        keys["request_bytes"] = exchange.request_bytes
+    return keys
 
 
 def encode_close(stream_id: int, outcome: Outcome, shed: bool) -> bytes:

@@ -959,10 +959,10 @@ class _ClientConnection(asyncio.Protocol):
             raise _Rejected("head_too_large")
 
     def _copy(self, request: _Request, body: bytes) -> None:
+        request.body_size += len(body)  # past the limit too: the prompt class is its size's
         copy = request.body_copy
         if copy is None:
             return
-        request.body_size += len(body)
         if request.body_size > self.relay.upstream_settings.max_request_bytes:
             request.body_copy = None
         else:
@@ -1181,6 +1181,7 @@ class Relay:
             response_ns=response_ns,
             request_body=None if request.body_copy is None else b"".join(request.body_copy),
             request_skip="oversized" if oversized else None,
+            request_bytes=request.body_size if oversized else 0,
             ratelimit_source=ratelimit_source,
             # Copied, not parsed: analysis judges it. Once per exchange, never per chunk.
             traceparent=_header(request.headers, b"traceparent"),

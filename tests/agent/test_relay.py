@@ -37,6 +37,7 @@ class RawUpstream:
 
     url: str
     requests: list[bytes] = field(default_factory=list)  # each request's raw head and body
+    connections: int = 0  # how many connections the relay opened to it
 
 
 @contextlib.asynccontextmanager
@@ -53,6 +54,7 @@ async def raw_upstream(
         task = asyncio.current_task()
         assert task is not None
         tasks.add(task)
+        state.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

@@ -254,6 +254,30 @@ async def test_oversized_request_body_is_forwarded_but_not_analysed() -> None:
         assert stack.agent.tap.stats.requests_unanalysed == {"oversized": 1}
 
 
+@pytest.mark.parametrize(
+    ("content_chars", "prompt_class"),
+    [(5000, "long_context"), (2000, "short")],  # about 1,260 and 510 tokens by size
+)
+async def test_an_oversized_request_is_classed_by_its_size(
+    content_chars: int, prompt_class: str
+) -> None:
+    payload = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * content_chars}]}
+    )
+    async with running_stack(
+        lambda r: RawScript(chunks=(b"{}",), content_type="application/json"),
+        **{"limits.max_request_bytes": 1000, "analysis.long_context_tokens": 1000},
+    ) as stack:
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                stack.agent.proxy_url + "/v1/chat/completions", data=payload
+            ) as r:
+                assert r.status == 200
+        (record,) = await stack.wait_records(1)
+        assert record.request.skip_reason == "oversized"
+        assert record.prompt_class == prompt_class
+
+
 async def test_full_tap_queue_sheds_analysis_not_bytes() -> None:
     chunks = tuple(f'data: {{"i": {i}}}\n\n'.encode() for i in range(400))
     script = RawScript(chunks=chunks, content_type="text/event-stream")

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -23,6 +24,7 @@ from semhealth.agent.demo.simulator import RawScript
 from semhealth.agent.wire import Outcome
 from semhealth.collectors.collector import Exchange
 from tests.agent.conftest import running_stack
+from tests.servers import require_binary
 
 CANARY = "canary-7f3a-prompt-text"
 
@@ -35,6 +37,7 @@ class RawUpstream:
 
     url: str
     requests: list[bytes] = field(default_factory=list)  # each request's raw head and body
+    connections: int = 0  # how many connections the relay opened to it
 
 
 @contextlib.asynccontextmanager
@@ -51,6 +54,7 @@ async def raw_upstream(
         task = asyncio.current_task()
         assert task is not None
         tasks.add(task)
+        state.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -248,6 +252,80 @@ async def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None
         assert stack.upstream.received[-1].body == body
 
 
+def _stored(head: bytes) -> list[bytes | float | None]:
+    """An upstream that never sends 100 Continue: it reads the whole body, then answers."""
+    return [b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstored"]
+
+
+async def test_expect_100_continue_is_answered_by_the_sidecar_when_the_upstream_sends_none() -> (
+    None
+):
+    body = b"x" * 100_000
+    async with raw_upstream(_stored) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reader, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/upload HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            )
+            await writer.drain()
+            # No body is sent until the 100 comes: without it, this waits forever.
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(body)
+            await writer.drain()
+            final = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert final.startswith(b"HTTP/1.1 200 OK\r\n") and final.endswith(b"stored")
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body)
+
+
+async def test_the_expect_header_the_sidecar_answered_is_not_sent_upstream() -> None:
+    async with raw_upstream(_stored) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reply = await exchange_raw(
+                *stack.agent.proxy_address,
+                b"POST /v1/upload HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                b"X-After: kept\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            )
+            assert reply.endswith(b"stored")
+            (sent,) = up.requests
+            assert b"expect" not in sent.lower()
+            assert b"\r\nX-After: kept\r\n" in sent
+
+
+async def test_curl_posting_a_body_over_max_request_bytes_with_expect_gets_its_answer(
+    tmp_path: Path,
+) -> None:
+    curl = require_binary("curl", "curl")
+    body = tmp_path / "body.bin"
+    body.write_bytes(b"y" * 300_000)  # over the limit below: forwarded, not analysed
+    async with raw_upstream(_stored) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()),
+            **{"upstream.url": up.url, "limits.max_request_bytes": 100_000},
+        ) as stack:
+            host, port = stack.agent.proxy_address
+            process = await asyncio.create_subprocess_exec(
+                curl, "-sS", "--expect100-timeout", "60", "-H", "Expect: 100-continue",
+                "--data-binary", f"@{body}", f"http://{host}:{port}/v1/upload",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                # curl waits 60 s for a 100 that does not come; the sidecar's comes at once.
+                out, err = await asyncio.wait_for(process.communicate(), 20)
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            assert (process.returncode, out, err) == (0, b"stored", b"")
+            assert up.requests[-1].endswith(b"\r\n\r\n" + body.read_bytes())
+
+
 async def test_head_requests_keep_the_connection_usable() -> None:
     async with running_stack(lambda r: RawScript(chunks=(b"0123456789",))) as stack:
         host, port = stack.agent.proxy_address
@@ -329,6 +407,120 @@ async def test_a_post_on_a_dropped_pooled_connection_is_never_sent_twice() -> No
     assert first.endswith(b"ok")
     assert second.startswith(b"HTTP/1.1 502 ")
     assert len(up.requests) == 2
+
+
+# --------------------------------------------------------------------------- a client that leaves
+
+
+@dataclass
+class SilentUpstream:
+    """A loopback upstream that reads one request and then says nothing, for ``silence_s``,
+    watching for the relay to close the connection."""
+
+    url: str
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # the request is in
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # the relay hung up
+
+
+@contextlib.asynccontextmanager
+async def silent_upstream(silence_s: float = 30.0) -> AsyncIterator[SilentUpstream]:
+    state = SilentUpstream(url="")
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            state.arrived.set()
+            # b"" (a FIN) or a reset: either way the relay let go of the request.
+            await asyncio.wait_for(reader.read(), silence_s)
+            state.closed.set()
+        except ConnectionError:
+            state.closed.set()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    state.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield state
+    finally:
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_client_that_closes_before_the_head_is_a_499_and_its_upstream_request_ends() -> (
+    None
+):
+    # A keep-alive request whose client closes normally (a FIN, as an SDK's timeout does)
+    # while the upstream has not answered: the client is gone, not half-closed.
+    async with silent_upstream() as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            _, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+            )
+            await writer.drain()
+            await asyncio.wait_for(up.arrived.wait(), 5.0)
+            writer.close()  # nothing unread: a FIN, not a reset
+            # The upstream would stay silent 30 s; the relay must hang up long before.
+            await asyncio.wait_for(up.closed.wait(), 5.0)
+            (record,) = await stack.wait_records(1)
+            assert record.status == 499
+            assert record.client_aborted
+            assert record.error_type == "client_aborted"
+
+
+async def test_a_client_that_closes_mid_request_body_is_a_499_even_with_connection_close() -> None:
+    # The body can never be complete, so no FIN here can be a half-close.
+    async with silent_upstream() as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            _, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                b'Connection: close\r\n\r\n{"model":'
+            )
+            await writer.drain()
+            await asyncio.wait_for(up.arrived.wait(), 5.0)
+            writer.close()
+            await asyncio.wait_for(up.closed.wait(), 5.0)
+            (record,) = await stack.wait_records(1)
+            assert record.status == 499
+            assert record.error_type == "client_aborted"
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_whole_response() -> None:
+    body = b"hello, half-closed client"
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    async with raw_upstream(lambda _: [0.5, answer]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reader, writer = await asyncio.open_connection(*stack.agent.proxy_address)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                b"Connection: close\r\n\r\n{}"
+            )
+            await writer.drain()
+            writer.write_eof()  # shutdown(SHUT_WR): done sending, still reading
+            reply = await asyncio.wait_for(reader.read(), 5.0)
+            writer.close()
+            assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert reply.endswith(b"\r\n\r\n" + body)
+            (record,) = await stack.wait_records(1)
+            assert record.status == 200
+            assert not record.client_aborted
+            assert record.error_type is None
 
 
 # --------------------------------------------------------------------------- hostile clients

@@ -50,6 +50,7 @@ exchanges = st.builds(
     traceparent=st.none() | st.text(max_size=60),
     request_headers=st.none()
     | st.lists(st.tuples(st.text(max_size=20), st.text(max_size=40)), max_size=5).map(tuple),
+    request_bytes=st.integers(min_value=0, max_value=2**40),
 )
 
 

@@ -121,18 +121,21 @@ def decode_open(start_ns: int, payload: bytes) -> Exchange:
         ratelimit_source=meta["ratelimit_source"],
         traceparent=meta.get("traceparent"),
         request_headers=_headers(meta.get("request_headers")),
+        request_bytes=meta.get("request_bytes", 0),
     )
 
 
 def _optional(exchange: Exchange) -> dict[str, Any]:
     """Keys an OPEN frame carries only when set. The meta is a JSON object read by key, so a
-    key added here is ignored by an older reader and absent keys read as None by a newer one:
+    key added here is ignored by an older reader and absent keys read as unset by a newer one:
     forwarders and analysis of neighbouring versions still understand each other."""
     optional: dict[str, Any] = {}
     if exchange.traceparent is not None:
         optional["traceparent"] = exchange.traceparent
     if exchange.request_headers is not None:  # only while shadowing: the relay's denylist applied
         optional["request_headers"] = exchange.request_headers
+    if exchange.request_bytes:
+        optional["request_bytes"] = exchange.request_bytes
     return optional
 
 

@@ -32,7 +32,7 @@ from semhealth.collectors.record import (
     TraceRef,
     Usage,
 )
-from semhealth.collectors.request import extract_request
+from semhealth.collectors.request import extract_request, unanalysed
 from semhealth.collectors.validity import SchemaCache, validate_record
 
 OTHER_ROUTE = "other"
@@ -61,6 +61,9 @@ class Exchange:
     response_ns: int | None
     request_body: bytes | None  # None when the body was not copied for analysis
     request_skip: str | None = None  # why request_body is None: "oversized", ...
+    # The size of a body that was not copied (oversized), as far as it had come when the
+    # response began: its prompt class is estimated from it.
+    request_bytes: int = 0
     ratelimit_source: str | None = None
     # The request's W3C ``traceparent`` header as sent, unparsed: the relay only copies it
     # (one header lookup per exchange); ``parse_traceparent`` judges it in analysis.
@@ -278,7 +281,11 @@ class StreamCollector:
     def _request_facts(self) -> tuple[RequestFacts, str]:
         exchange = self._exchange
         if exchange.request_body is None:
-            return RequestFacts(analysed=False, skip_reason=exchange.request_skip), "short"
+            return unanalysed(
+                exchange.request_skip,
+                body_bytes=exchange.request_bytes,
+                long_context_tokens=self._analysis.long_context_tokens,
+            )
         return extract_request(
             exchange.request_body,
             self.provider,

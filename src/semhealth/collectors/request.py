@@ -101,9 +101,10 @@ def extract_request(
 
 
 def unanalysed(
-    reason: str, *, body_bytes: int = 0, long_context_tokens: int | None = None
+    reason: str | None, *, body_bytes: int = 0, long_context_tokens: int | None = None
 ) -> tuple[RequestFacts, str]:
-    """Facts for a body that was not read (``oversized`` is decided by the caller).
+    """Facts for a body that was not read (``oversized`` is decided by the caller; None
+    when the caller had no body and no reason, as a recording without one).
 
     Without the text, the token estimate falls back to ``body_bytes / 4`` (rounded
     up), the same ratio ``estimate_tokens`` uses for non-CJK text, so an oversized

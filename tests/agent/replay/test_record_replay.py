@@ -297,3 +297,38 @@ async def test_gzip_truncated_and_traced_exchanges_replay_to_the_same_records(
 def _record(replayed: Any) -> StreamRecord:
     record: StreamRecord = replayed.record
     return record
+
+
+async def test_an_oversized_request_replays_to_the_prompt_class_its_size_gave_live(
+    tmp_path: Path,
+) -> None:
+    # The body is not recorded (over limits.max_request_bytes); its size is, and it classes it.
+    path = tmp_path / "oversized.jsonl"
+    upstream = SimulatedUpstream(lambda r: RawScript(chunks=(b"{}",), content_type="text/plain"))
+    await upstream.start()
+    records: list[StreamRecord] = []
+    config = agent_config(
+        upstream.url, **{"limits.max_request_bytes": 1000, "analysis.long_context_tokens": 1000}
+    )
+    agent = Agent(
+        config, Settings(consumers=[records.append], record=RecordSettings(path=str(path)))
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+    try:
+        await agent.start()
+        async with aiohttp.ClientSession() as client:
+            async with client.post(agent.proxy_url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+        for _ in range(200):
+            if records:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await agent.shutdown()
+        await upstream.shutdown()
+    built = build_records(read_file(str(path)), config)
+    assert built.problems == []
+    (replayed,) = map(_record, built.records)
+    (live,) = records
+    assert live.request.skip_reason == "oversized"
+    assert (replayed.prompt_class, live.prompt_class) == ("long_context", "long_context")

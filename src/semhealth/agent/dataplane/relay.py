@@ -298,6 +298,7 @@ class _Request:
         "body_size",
         "chunked",
         "complete",
+        "expect_continue",
         "headers",
         "http10",
         "keep_alive",
@@ -318,6 +319,7 @@ class _Request:
         self.http10 = False
         self.keep_alive = True
         self.chunked = False
+        self.expect_continue = False  # sent Expect: 100-continue; the relay answers it
         self.complete = False
         self.terminated = False  # the last chunk went upstream
         self.pending: list[bytes] = []  # body bytes framed for the upstream, not yet written
@@ -368,6 +370,14 @@ class _Exchange:
         if limit and relay.active > limit:  # this exchange is counted in active already
             self.fail("upstream_concurrency_limit", rejected=True)
             return
+        request = self.request
+        if request.expect_continue and not request.http10 and not request.complete:
+            # Answered here, as nginx and Envoy do, and not forwarded: an upstream that never
+            # sends 100 would leave the client waiting out its expect timeout. The body is
+            # relayed whatever its size (an oversized one is forwarded, only not analysed).
+            # It is this exchange's turn: a pipelined request's 100 waits for the answers
+            # before it, and the reading of its body with it.
+            self.client.write(_CONTINUE)
         conn = relay.pool.take(relay.loop.time())
         if conn is not None:
             self.reused = True
@@ -435,7 +445,7 @@ class _Exchange:
         lines.append(b"\r\n")
         for name, value in request.headers:
             lower = name.lower()
-            if lower in _REQUEST_DROP or lower in named:
+            if lower in _REQUEST_DROP or lower in named or _expects_continue(name, value):
                 continue
             lines += (name, b": ", value, b"\r\n")
         if request.chunked:
@@ -791,9 +801,13 @@ class _ClientConnection(asyncio.Protocol):
             self.reject(cause.reason if isinstance(cause, _Rejected) else "malformed")
 
     def eof_received(self) -> bool:
-        if self.exchange is None and self.parsing is None and not self.queue:
+        exchange = self.exchange
+        if exchange is None and self.parsing is None and not self.queue:
             return False  # closes the transport
         self.close_after = True
+        if exchange is not None and not exchange.head_done and _left(exchange.request):
+            exchange.client_lost()  # a 499; the upstream request ends with it
+            return False
         return True  # half-close: keep sending the response
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -854,6 +868,9 @@ class _ClientConnection(asyncio.Protocol):
         request.chunked = any(
             name.lower() == b"transfer-encoding" and value.rstrip().lower().endswith(b"chunked")
             for name, value in request.headers
+        )
+        request.expect_continue = any(
+            _expects_continue(name, value) for name, value in request.headers
         )
         if request.method == b"CONNECT" or not (
             request.url.startswith(b"/") or request.url == b"*" or b"://" in request.url[:16]
@@ -947,10 +964,10 @@ class _ClientConnection(asyncio.Protocol):
             raise _Rejected("head_too_large")
 
     def _copy(self, request: _Request, body: bytes) -> None:
+        request.body_size += len(body)  # past the limit too: the prompt class is its size's
         copy = request.body_copy
         if copy is None:
             return
-        request.body_size += len(body)
         if request.body_size > self.relay.upstream_settings.max_request_bytes:
             request.body_copy = None
         else:
@@ -1028,6 +1045,27 @@ class _Rejected(Exception):
 # --------------------------------------------------------------------------- helpers
 
 
+def _left(request: _Request) -> bool:
+    """Whether a client's FIN before the response head means it left, not that it half-closed.
+
+    TCP cannot tell the two apart before the head: close() and shutdown(SHUT_WR) send the
+    same FIN, the socket is in CLOSE_WAIT either way, a MSG_PEEK read returns b"" and
+    EPOLLRDHUP fires for both. Only a write shows the difference (a closed peer answers it
+    with a reset), and the relay has nothing of the upstream's to write yet: inventing bytes
+    (an unasked 1xx) would change what the client receives. So it goes by the request:
+    - its body is incomplete: it can never be answered; the client left.
+    - it asked to keep the connection alive (HTTP/1.1 without ``Connection: close``): a
+      client that means to send more requests does not shut its sending side, and the
+      clients that close after a request (SDK timeouts, cancelled calls) look exactly like
+      this. nginx (``proxy_ignore_client_abort off``) ends the upstream request on any FIN.
+    - it said ``Connection: close`` (or is HTTP/1.0): the one request is all it sends, so a
+      FIN is the half-close that ``printf … | nc -N`` style clients do; the answer goes out.
+      If such a client had left after all, writing the head shows it (a reset, then
+      ``client_lost``), as it did before.
+    """
+    return not request.complete or request.keep_alive
+
+
 def _replayable(request: _Request) -> bool:
     return request.method in _IDEMPOTENT or any(
         name.lower() in _IDEMPOTENCY_KEYS for name, _ in request.headers
@@ -1060,6 +1098,12 @@ def _head(
     lines.append(b"\r\n")
     return b"".join(lines)
 
+
+def _expects_continue(name: bytes, value: bytes) -> bool:
+    return name.lower() == b"expect" and value.strip().lower() == b"100-continue"
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # Request trailers are parsed and dropped, never forwarded (RFC 9110 §6.5.1 allows it):
 # servers that mishandle them, aiohttp's among them, put them into the next request's headers.
@@ -1146,6 +1190,7 @@ class Relay:
             response_ns=response_ns,
             request_body=None if request.body_copy is None else b"".join(request.body_copy),
             request_skip="oversized" if oversized else None,
+            request_bytes=request.body_size if oversized else 0,
             ratelimit_source=ratelimit_source,
             # Copied, not parsed: analysis judges it. Once per exchange, never per chunk.
             traceparent=_header(request.headers, b"traceparent"),

@@ -19,6 +19,8 @@ close order, not start order; replay sorts). Each line is one JSON object:
     request              the request body: {"text": "..."} when it is UTF-8, {"base64": "..."}
                          otherwise; null when the body was not copied for analysis
     request_skip         why ``request`` is null ("oversized", ...), else null
+    request_bytes        the size of an oversized body that ``request`` leaves out (only then):
+                         its prompt class is estimated from it
     chunks               the response body as the collectors received it, in arrival order:
                          [offset_ns, "text"] or [offset_ns, {"base64": "..."}] per chunk
                          (a chunk that is not UTF-8 on its own, e.g. gzip or a split
@@ -75,6 +77,7 @@ class RecordedExchange:
     response_offset_ns: int | None
     request_body: bytes | None
     request_skip: str | None
+    request_bytes: int = 0  # an oversized body's size (its prompt class), else 0
     chunks: tuple[tuple[int, bytes], ...]
     elided_bytes: int
     end_offset_ns: int
@@ -97,6 +100,7 @@ class RecordedExchange:
             else start_ns + self.response_offset_ns,
             "request_body": self.request_body,
             "request_skip": self.request_skip,
+            "request_bytes": self.request_bytes,
             "ratelimit_source": self.ratelimit_source,
         }
         if "traceparent" in _EXCHANGE_FIELDS:
@@ -151,6 +155,8 @@ def encode_exchange(
     body = exchange.request_body
     line["request"] = None if body is None else _body_out(body)
     line["request_skip"] = exchange.request_skip
+    if exchange.request_bytes:
+        line["request_bytes"] = exchange.request_bytes
     line["chunks"] = [[t - start, _bytes_out(chunk)] for t, chunk in chunks]
     line["elided_bytes"] = elided_bytes
     line["outcome"] = {
@@ -192,6 +198,7 @@ def decode_line(line: bytes) -> RecordedExchange:
         "response_offset_ns": _optional(data, "response_offset_ns", int),
         "request_body": _request_in(data.get("request")),
         "request_skip": _optional(data, "request_skip", str),
+        "request_bytes": _optional(data, "request_bytes", int) or 0,
         "chunks": _chunks_in(_field(data, "chunks", list)),
         "elided_bytes": _optional(data, "elided_bytes", int) or 0,
     }

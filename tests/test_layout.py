@@ -71,14 +71,15 @@ def test_no_two_modules_import_each_other_even_through_others() -> None:
 
 def test_the_agent_folder_shows_its_rooms_not_loose_modules() -> None:
     # The planes, the CLI and the configuration show from `ls`: a handful of modules at the
-    # top (the composition, the runtime, the tap wire, errors, tasks), the rest in rooms.
+    # top (the lifecycle, the runtime, the tap wire, the relevance stage the analysis process
+    # shares with replay and diff, errors, tasks), the rest in rooms.
     entries = sorted(p.name for p in AGENT.iterdir() if p.name != "__pycache__")
     modules = [name for name in entries if name.endswith(".py")]
     assert modules == [
         "__init__.py",
-        "app.py",
         "component.py",
         "errors.py",
+        "relevance.py",
         "runtime.py",
         "tasks.py",
         "wire.py",

@@ -15,7 +15,7 @@ from typing import Any
 
 from _tables import code, fill, table
 
-MODULE = "semhealth.agent.app"
+MODULE = "semhealth.agent.analysis.agent"
 SCORER_MODULE = "semhealth.embeddings.scorer_metrics"
 PAGE = "reference/metrics.md"
 MARKERS = {

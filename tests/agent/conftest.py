@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from semhealth.agent.app import Agent
+from semhealth.agent.analysis.agent import Agent
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.collectors.record import StreamRecord
@@ -53,7 +53,7 @@ async def running_stack(script_for: ScriptFor, **settings: Any) -> AsyncIterator
     upstream = SimulatedUpstream(script_for)
     await upstream.start()
     records: list[StreamRecord] = []
-    from semhealth.agent.app import Settings
+    from semhealth.agent.analysis.agent import Settings
 
     agent = Agent(agent_config(upstream.url, **settings), Settings(consumers=[records.append]))
     try:

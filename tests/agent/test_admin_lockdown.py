@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from semhealth.agent.admin.app import AdminAccess
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import Script, SimulatedUpstream
 from tests.agent.conftest import agent_config
 from tests.agent.kube.certs import Authority, make_ca, write_server_pair

@@ -22,10 +22,10 @@ import aiohttp
 import orjson
 import pytest
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.alerts.rules import default_rule_entries
 from tests.agent.conftest import ScriptFor
 from tests.agent.test_relevance_e2e import (

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.app import Agent
+from semhealth.agent.analysis.agent import Agent
 from semhealth.agent.demo.simulator import Script, ScriptRequest
 from tests.agent.conftest import agent_config, running_stack
 from tests.servers import free_port

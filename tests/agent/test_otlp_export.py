@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.telemetry.pipeline import OTLPSettings
 from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings

@@ -141,7 +141,7 @@ async def test_absolute_form_target_cannot_redirect_the_proxy() -> None:
 
 async def test_unreachable_upstream_gives_502_with_a_json_error() -> None:
     with _closed_port() as port:
-        from semhealth.agent.app import Agent
+        from semhealth.agent.analysis.agent import Agent
         from tests.agent.conftest import agent_config
 
         agent = Agent(agent_config(f"http://127.0.0.1:{port}"))
@@ -189,7 +189,7 @@ async def _hanging_upstream(delay_s: float) -> tuple[web.AppRunner, str]:
 
 
 async def test_upstream_that_does_not_answer_gives_504() -> None:
-    from semhealth.agent.app import Agent
+    from semhealth.agent.analysis.agent import Agent
     from tests.agent.conftest import agent_config
 
     runner, url = await _hanging_upstream(30)
@@ -337,7 +337,7 @@ async def test_slow_client_pushes_back_on_the_upstream() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    from semhealth.agent.app import Agent
+    from semhealth.agent.analysis.agent import Agent
     from tests.agent.conftest import agent_config
 
     agent = Agent(agent_config(f"http://127.0.0.1:{runner.addresses[0][1]}"))

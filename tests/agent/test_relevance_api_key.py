@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from semhealth.agent import cli
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import ConfigError, check_config_file, load_config, load_relevance
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.embeddings.local import LocalBackend

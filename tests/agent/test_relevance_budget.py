@@ -16,11 +16,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from semhealth.agent.analysis.relevance import Budget, RelevanceStage, Settings
-from semhealth.agent.app import Agent
-from semhealth.agent.app import Settings as AgentSettings
+from semhealth.agent.analysis.agent import Agent
+from semhealth.agent.analysis.agent import Settings as AgentSettings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import SimulatedUpstream
+from semhealth.agent.relevance import Budget, RelevanceStage, Settings
 from semhealth.collectors.record import RequestFacts, StreamRecord
 from semhealth.embeddings.relevance import RelevanceScores
 from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post, value, wait_for

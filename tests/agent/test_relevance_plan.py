@@ -13,8 +13,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from semhealth.agent.analysis.relevance import RelevanceStage, Settings, plan_relevance, used
 from semhealth.agent.config import Relevance, load_config
+from semhealth.agent.relevance import RelevanceStage, Settings, plan_relevance, used
 from semhealth.collectors import RequestFacts, StreamRecord
 from semhealth.embeddings import RelevanceScores
 

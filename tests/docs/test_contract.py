@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.app import metric_families
+from semhealth.agent.analysis.agent import metric_families
 from semhealth.agent.cli import build_parser
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.embeddings.scorer_metrics import ScorerMetrics

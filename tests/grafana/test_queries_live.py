@@ -51,9 +51,9 @@ import orjson
 import pytest
 
 import tests.agent.prometheus_server as prometheus_server
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.collectors.record import StreamRecord
 from semhealth.embeddings.errors import BackendError
 from semhealth.embeddings.local import LocalBackend

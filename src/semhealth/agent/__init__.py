@@ -11,14 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from semhealth.agent.app import Agent, Settings
+    from semhealth.agent.analysis.agent import Agent, Settings
     from semhealth.agent.config import Config, ConfigError, default_config, load_config
 
 __all__ = ["Agent", "Config", "ConfigError", "Settings", "default_config", "load_config"]
 
 _HOMES = {
-    "Agent": "semhealth.agent.app",
-    "Settings": "semhealth.agent.app",
+    "Agent": "semhealth.agent.analysis.agent",
+    "Settings": "semhealth.agent.analysis.agent",
     "Config": "semhealth.agent.config",
     "ConfigError": "semhealth.agent.config",
     "default_config": "semhealth.agent.config",

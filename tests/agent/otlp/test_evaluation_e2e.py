@@ -22,8 +22,7 @@ import openai
 import pytest
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
 from semhealth.agent.otlp.evaluation import (
     ANSWER_RELEVANCE,
@@ -37,6 +36,7 @@ from semhealth.agent.otlp.evaluation import (
     SCORE_LABEL,
     SCORE_VALUE,
 )
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import Stack, agent_config
 from tests.agent.otlp_receiver import GrpcReceiver, HttpReceiver, attributes

@@ -17,8 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.otlp.evaluation import (
     ANSWER_RELEVANCE,
@@ -28,6 +27,7 @@ from semhealth.agent.otlp.evaluation import (
     SCORE_LABEL,
     SCORE_VALUE,
 )
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.collectors import StreamRecord
 from tests.agent.otlp.test_evaluation_e2e import by_span, expected_label
 from tests.agent.otlp_receiver import GrpcReceiver

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.collectors import StreamRecord
 from tests.agent.otlp.collector import Collector
 

@@ -20,9 +20,9 @@ import aiohttp
 import orjson
 import pytest
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import RawScript, ScriptRequest, SimulatedUpstream
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.agent.replay.inputs import ExchangeInput, read_file
 from semhealth.agent.replay.pipeline import build_records
 from semhealth.agent.replay.run import Options, replay

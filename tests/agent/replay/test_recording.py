@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.replay.format import decode_line
 from semhealth.agent.replay.recording import Recording

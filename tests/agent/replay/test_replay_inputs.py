@@ -21,7 +21,7 @@ import orjson
 import pytest
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.replay.run import Options, replay

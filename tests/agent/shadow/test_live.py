@@ -19,10 +19,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import ShadowSettings, ShadowUpstream, Timeouts, Tolerances
 from semhealth.agent.demo.simulator import RawScript, Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.agent.shadow.live import ShadowStats
 from semhealth.agent.shadow.pairs import PairResult
 from semhealth.collectors.record import StreamRecord

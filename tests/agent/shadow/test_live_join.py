@@ -17,8 +17,8 @@ import aiohttp
 import orjson
 import pytest
 
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.analysis.tap import Tap
-from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import (
     TLS,
     ConfigError,

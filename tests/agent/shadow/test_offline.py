@@ -13,9 +13,9 @@ import openai
 import orjson
 import pytest
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
-from semhealth.agent.app import Agent, Settings
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import Script, ScriptRequest, SimulatedUpstream
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.diff import default_segmenter
 from semhealth.agent.shadow.offline import (

@@ -34,7 +34,7 @@ ANALYSIS_NICENESS = 10
 
 
 async def serve(own: argparse.Namespace, run: RunArgs) -> int:
-    from semhealth.agent.app import Agent, Settings
+    from semhealth.agent.analysis.agent import Agent, Settings
 
     os.nice(ANALYSIS_NICENESS)
     config = load_config(run.config, os.environ, dict(run.overrides))

@@ -47,7 +47,7 @@ def add_parser(commands: Any) -> None:
 
 
 async def score(args: argparse.Namespace) -> int:
-    from semhealth.agent.analysis.relevance import plan_relevance
+    from semhealth.agent.relevance import plan_relevance
     from semhealth.embeddings import open_scorer, score_jsonl
 
     relevance = load_relevance(args.config, os.environ)

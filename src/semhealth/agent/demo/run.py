@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.analysis.alerting import ActiveAlert
-from semhealth.agent.analysis.relevance import plan_relevance
-from semhealth.agent.app import Agent, Settings
 from semhealth.agent.config import Relevance, load_config
 from semhealth.agent.demo.simulator import (
     DemoProfile,
@@ -37,6 +36,7 @@ from semhealth.agent.demo.simulator import (
     demo_script,
 )
 from semhealth.agent.demo.traffic import TrafficGenerator
+from semhealth.agent.relevance import plan_relevance
 from semhealth.collectors import StreamRecord, measure_continuity, quantile
 from semhealth.embeddings import RelevanceScores
 

@@ -31,9 +31,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from semhealth.agent.analysis.relevance import EMPTY, LoadedEncoders, eligibility, offline_scorer
 from semhealth.agent.config import Config
 from semhealth.agent.config.contracts import attach_contracts
+from semhealth.agent.relevance import EMPTY, LoadedEncoders, eligibility, offline_scorer
 from semhealth.agent.replay.inputs import ExchangeInput, Input, OTLPInput
 from semhealth.agent.replay.results import AlertTransition, InputProblem, RecordResult
 from semhealth.agent.telemetry import instruments as m

@@ -13,8 +13,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from semhealth.agent.analysis.relevance import LoadedEncoders
 from semhealth.agent.config import Config
+from semhealth.agent.relevance import LoadedEncoders
 from semhealth.agent.replay.inputs import Input, read_file
 from semhealth.agent.replay.pipeline import (
     ReplayAlerts,

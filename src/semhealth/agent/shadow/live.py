@@ -55,8 +55,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from semhealth.agent.analysis.relevance import RecordScores, eligibility
 from semhealth.agent.config import DiffLog, ShadowSettings, ShadowUpstream
+from semhealth.agent.relevance import RecordScores, eligibility
 from semhealth.agent.shadow.diff import Segmenter, default_segmenter, tokenizer_segmenter
 from semhealth.agent.shadow.offline import rewrite_model, send_request
 from semhealth.agent.shadow.pairs import PairResult, agreement, compare

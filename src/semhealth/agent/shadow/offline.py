@@ -25,9 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from semhealth.agent.analysis.relevance import EMPTY, LoadedEncoders, offline_scorer
 from semhealth.agent.config import Config
 from semhealth.agent.config.contracts import attach_contracts
+from semhealth.agent.relevance import EMPTY, LoadedEncoders, offline_scorer
 from semhealth.agent.replay.format import RecordedExchange
 from semhealth.agent.replay.inputs import ExchangeInput, read_file
 from semhealth.agent.replay.pipeline import exchange_record

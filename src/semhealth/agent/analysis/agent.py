@@ -29,17 +29,6 @@ from semhealth.agent.analysis.alerting import AlertingStage, observe_alerting
 from semhealth.agent.analysis.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.health import Health, observe_health
 from semhealth.agent.analysis.receiver import TapReceiver
-from semhealth.agent.analysis.relevance import (
-    ENCODER_NOT_SERVED,
-    LoadedEncoders,
-    RelevanceStage,
-    RelevanceStats,
-    Unscored,
-    observe_relevance,
-    plan_relevance,
-    used,
-)
-from semhealth.agent.analysis.relevance import Settings as RelevanceSettings
 from semhealth.agent.analysis.tap import ConsumeRecord, Tap, TapStats, observe_tap
 from semhealth.agent.component import RESERVE_S, Components, Part, seconds_left
 from semhealth.agent.config import Address, Config, ShadowSettings
@@ -57,6 +46,17 @@ from semhealth.agent.otlp.evaluation import (
 )
 from semhealth.agent.otlp.intake import Intake, intake_settings
 from semhealth.agent.otlp.metrics import observe_otlp
+from semhealth.agent.relevance import (
+    ENCODER_NOT_SERVED,
+    LoadedEncoders,
+    RelevanceStage,
+    RelevanceStats,
+    Unscored,
+    observe_relevance,
+    plan_relevance,
+    used,
+)
+from semhealth.agent.relevance import Settings as RelevanceSettings
 from semhealth.agent.replay.recording import Recording, RecordingStats, observe_recording
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.live import Shadow, ShadowStats

@@ -363,12 +363,13 @@ def compare(case: Case, direct: Received, proxied: Received, upstream_errors: in
         problems.append("the proxy forwarded a request the upstream could not parse")
     match case.expect:
         case Expect.SAME:
-            problems += _same(direct, proxied)
+            problems += _same(direct, proxied, _asks_continue(case.request))
             if direct.again is not None or proxied.again is not None:
                 if direct.again is None or proxied.again is None:
                     problems.append("only one side took the second request on its connection")
                 else:
-                    problems += [f"second request: {p}" for p in _same(direct.again, proxied.again)]
+                    again = _same(direct.again, proxied.again, _asks_continue(case.again or b""))
+                    problems += [f"second request: {p}" for p in again]
         case Expect.PREFIX:
             if proxied.status != direct.status:
                 problems.append(
@@ -386,12 +387,18 @@ def compare(case: Case, direct: Received, proxied: Received, upstream_errors: in
     return problems
 
 
-# What the relay leaves out of a request (RFC 9110 §7.6.1, and the framing it redoes) and
-# what it writes itself (Host: the upstream's authority; Transfer-Encoding for a chunked body).
+# What the relay leaves out of a request (RFC 9110 §7.6.1, and the framing it redoes), what it
+# writes itself (Host: the upstream's authority; Transfer-Encoding for a chunked body), and the
+# expectation it answers itself (Expect: 100-continue, as nginx and Envoy do).
 _REQUEST_DROP = frozenset(
-    {b"host", b"transfer-encoding", b"trailer", b"proxy-authorization"}
+    {b"host", b"transfer-encoding", b"trailer", b"proxy-authorization", b"expect"}
     | {h.encode() for h in HOP_BY_HOP}
 )
+
+
+def _asks_continue(request: bytes) -> bool:
+    head = request.split(b"\r\n\r\n", 1)[0].lower()
+    return b"\r\nexpect: 100-continue" in head
 
 
 def compare_requests(direct: list[SeenRequest], proxied: list[SeenRequest]) -> list[str]:
@@ -408,6 +415,8 @@ def compare_requests(direct: list[SeenRequest], proxied: list[SeenRequest]) -> l
             problems.append(
                 f"{label} request line {b.method!r} {b.url!r}, direct {a.method!r} {a.url!r}"
             )
+        if any(k.lower() == b"expect" for k, _ in b.headers):
+            problems.append(f"{label} request: the proxy forwarded the Expect it answers itself")
         if _end_to_end_request(a) != _end_to_end_request(b):
             problems.append(
                 f"{label} request headers {_end_to_end_request(b)!r}, direct {_end_to_end_request(a)!r}"
@@ -427,7 +436,10 @@ def _end_to_end_request(seen: SeenRequest) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in seen.headers if k.lower() not in _REQUEST_DROP | named]
 
 
-def _same(direct: Received, proxied: Received) -> list[str]:
+def _same(direct: Received, proxied: Received, asked_continue: bool = False) -> list[str]:
+    """``asked_continue``: the request said Expect: 100-continue, which the proxy answers
+    itself with a 100 ahead of the upstream's own interim answers (it may leave it out when
+    the whole body is already in: RFC 9110 §10.1.1)."""
     if direct.timed_out:
         return ["the direct exchange hung: the case itself is wrong"]
     problems = []
@@ -444,7 +456,8 @@ def _same(direct: Received, proxied: Received) -> list[str]:
             f"body differs: {len(proxied.body)} bytes through the proxy, {len(direct.body)} direct"
             f" (first difference at byte {_first_difference(proxied.body, direct.body)})"
         )
-    if proxied.interim != direct.interim:
+    allowed = [direct.interim, [100, *direct.interim]] if asked_continue else [direct.interim]
+    if proxied.interim not in allowed:
         problems.append(f"interim answers {proxied.interim} through the proxy, {direct.interim}")
     if proxied.complete != direct.complete:
         problems.append(f"complete {proxied.complete} through the proxy, {direct.complete} direct")

@@ -431,7 +431,7 @@ def observe_relevance(
         "to keep relevance.cpu_budget (0 while scoring is off).",
     )
     meter.create_observable_counter(
-        "semhealth_relevance_cpu_seconds",
+        "semhealth_relevance_cpu",
         [observe(lambda: _cpu(relevance()))],
         unit="s",
         description="CPU the encoders' threads used in this process, as relevance.cpu_budget "

@@ -21,9 +21,9 @@ from semhealth.agent.analysis.agent import Settings as AgentSettings
 from semhealth.agent.config import load_config
 from semhealth.agent.demo.simulator import SimulatedUpstream
 from semhealth.agent.relevance import Budget, RelevanceStage, Settings
-from semhealth.collectors.record import RequestFacts, StreamRecord
 from semhealth.embeddings.relevance import RelevanceScores
 from tests.agent.test_relevance_e2e import RELEVANT, answer, chat, metrics, post, value, wait_for
+from tests.agent.test_relevance_plan import scoreable_record
 
 STREAMS_A_WINDOW = 100
 
@@ -130,7 +130,7 @@ async def test_streams_past_the_in_flight_bound_are_budgeted_out() -> None:
     assert stage.budget is not None
     stage.budget.cost_s = 0.1  # a stream costs 0.1 s: the budget's horizon holds 2 of them
     for _ in range(5):
-        stage.consume_record(record("chat"))
+        stage.consume_record(scoreable_record("chat"))
     held.release.set()
     await stage.shutdown(timeout_s=5.0)
     assert stage.stats.skipped == {"budgeted_out": 3}
@@ -142,20 +142,6 @@ class NoScores:
         self, query: str, context_chunks: object = (), answer: object = None
     ) -> RelevanceScores:
         return RelevanceScores(None, None, None, None, 0)
-
-
-def record(route: str) -> StreamRecord:
-    return StreamRecord(
-        route=route,
-        provider="openai_chat",
-        model="m",
-        prompt_class="short",
-        request=RequestFacts(query="q", context=("c",)),
-        status=200,
-        start_ns=0,
-        end_ns=1,
-        output_text="a",
-    )
 
 
 async def test_streams_left_out_by_the_budget_are_counted_apart_and_in_proportion() -> None:
@@ -171,7 +157,7 @@ async def test_streams_left_out_by_the_budget_are_counted_apart_and_in_proportio
     kept: Counter[str] = Counter()
     stage.also_record(lambda r, s: kept.update([r.route]))
     for i in range(10_000):
-        stage.consume_record(record("chat" if i % 4 else "search"))
+        stage.consume_record(scoreable_record("chat" if i % 4 else "search"))
     await stage.shutdown(timeout_s=5.0)
     skipped = stage.stats.skipped
     assert skipped["sampled_out"] == pytest.approx(2000, rel=0.1)

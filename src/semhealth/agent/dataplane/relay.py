@@ -533,6 +533,11 @@ class _Exchange:
         parser = self.parser
         assert parser is not None
         status = parser.get_status_code()
+        if self.head_done:
+            # A response after the final one, in the same read: nobody asked for it. It is
+            # not the client's, and the connection is in no state to reuse.
+            self.upstream_reusable = False
+            return
         end = self.head_buf.find(b"\r\n\r\n", self.head_pos)
         self.head_pos = end + 4
         headers, self.resp_headers = self.resp_headers, []

@@ -23,6 +23,7 @@ from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSetti
 from semhealth.agent.demo.simulator import RawScript
 from semhealth.agent.wire import Outcome
 from semhealth.collectors.collector import Exchange
+from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import running_stack
 from tests.servers import require_binary
 
@@ -470,48 +471,45 @@ async def silent_upstream(silence_s: float = 30.0) -> AsyncIterator[SilentUpstre
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_a_client_that_closes_before_the_head_is_a_499_and_its_upstream_request_ends() -> (
-    None
-):
-    # A keep-alive request whose client closes normally (a FIN, as an SDK's timeout does)
-    # while the upstream has not answered: the client is gone, not half-closed.
+async def left_before_the_head(request: bytes) -> StreamRecord:
+    """``request`` sent to a sidecar whose upstream stays silent for 30 s, then a normal
+    close (a FIN: nothing unread, so no reset); the relay must hang up on the upstream long
+    before the silence ends. The exchange's record."""
     async with silent_upstream() as up:
         async with running_stack(
             lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
         ) as stack:
             _, writer = await asyncio.open_connection(*stack.agent.proxy_address)
-            writer.write(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-            )
-            await writer.drain()
-            await asyncio.wait_for(up.arrived.wait(), 5.0)
-            writer.close()  # nothing unread: a FIN, not a reset
-            # The upstream would stay silent 30 s; the relay must hang up long before.
-            await asyncio.wait_for(up.closed.wait(), 5.0)
-            (record,) = await stack.wait_records(1)
-            assert record.status == 499
-            assert record.client_aborted
-            assert record.error_type == "client_aborted"
-
-
-async def test_a_client_that_closes_mid_request_body_is_a_499_even_with_connection_close() -> None:
-    # The body can never be complete, so no FIN here can be a half-close.
-    async with silent_upstream() as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            _, writer = await asyncio.open_connection(*stack.agent.proxy_address)
-            writer.write(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
-                b'Connection: close\r\n\r\n{"model":'
-            )
+            writer.write(request)
             await writer.drain()
             await asyncio.wait_for(up.arrived.wait(), 5.0)
             writer.close()
             await asyncio.wait_for(up.closed.wait(), 5.0)
             (record,) = await stack.wait_records(1)
-            assert record.status == 499
-            assert record.error_type == "client_aborted"
+            return record
+
+
+async def test_a_client_that_closes_before_the_head_is_a_499_and_its_upstream_request_ends() -> (
+    None
+):
+    # A keep-alive request whose client closes normally (as an SDK's timeout does) while the
+    # upstream has not answered: the client is gone, not half-closed.
+    record = await left_before_the_head(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    assert record.status == 499
+    assert record.client_aborted
+    assert record.error_type == "client_aborted"
+
+
+async def test_a_client_that_closes_mid_request_body_is_a_499_even_with_connection_close() -> None:
+    # The body can never be complete, so no FIN here can be a half-close.
+    record = await left_before_the_head(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+        b'Connection: close\r\n\r\n{"model":'
+    )
+    assert record.status == 499
+    assert record.error_type == "client_aborted"
 
 
 async def test_a_client_that_half_closes_after_its_request_still_gets_the_whole_response() -> None:

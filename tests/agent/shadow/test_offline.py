@@ -189,33 +189,35 @@ async def test_a_candidate_that_dies_mid_stream_gives_candidate_errors_with_its_
     assert len(record.delta_ns) == 3
 
 
-async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+async def recorded_pair(folder: Path) -> tuple[Path, Path]:
+    """The same requests recorded against a primary answering PARIS and a candidate
+    answering LYON (one word in seven differs)."""
     primary, candidate = answering(PARIS), answering(LYON)
     await primary.start()
     await candidate.start()
     try:
-        ours, theirs = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        ours, theirs = folder / "a.jsonl", folder / "b.jsonl"
         await record_traffic(primary.url, ours)
         await record_traffic(candidate.url, theirs)
     finally:
         await primary.shutdown()
         await candidate.shutdown()
+    return ours, theirs
+
+
+async def test_the_diff_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+    ours, theirs = await recorded_pair(tmp_path)
     out = tmp_path / "diff.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "semhealth.agent.cli", "diff", str(ours), str(theirs),
-        "--no-relevance", "--json", str(out),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
-    assert process.returncode == 0, stderr.decode()
-    header, row = stdout.decode().splitlines()[:2]
+    returncode, stdout = await _diff(str(ours), str(theirs), "--no-relevance", "--json", str(out))
+    assert returncode == 0
+    header, row = stdout.splitlines()[:2]
     assert header.split()[:3] == ["route", "pairs", "exact"]
     assert row.split()[:4] == ["chat_completions", "5", "0", "0"]
     assert "insufficient" in row  # 5 pairs are too few for a verdict
     document = orjson.loads(out.read_bytes())
     (route,) = document["routes"]
     assert route["token_distance"]["n"] == 5
-    assert "Paris" not in stdout.decode() + out.read_text()  # numbers and ids, never text
+    assert "Paris" not in stdout + out.read_text()  # numbers and ids, never text
 
 
 async def _diff(*args: str) -> tuple[int, str]:
@@ -229,16 +231,7 @@ async def _diff(*args: str) -> tuple[int, str]:
 
 
 async def test_the_diff_command_judges_with_the_configured_tolerances(tmp_path: Path) -> None:
-    primary, candidate = answering(PARIS), answering(LYON)
-    await primary.start()
-    await candidate.start()
-    try:
-        ours, theirs = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-        await record_traffic(primary.url, ours)
-        await record_traffic(candidate.url, theirs)
-    finally:
-        await primary.shutdown()
-        await candidate.shutdown()
+    ours, theirs = await recorded_pair(tmp_path)
     # One word in seven: distance 1/7, within the default 0.5, past 0.1.
     tight = tmp_path / "tight.yaml"
     tight.write_text(

@@ -132,24 +132,25 @@ async def _connect_remote(encoder: Encoder) -> Backend:
     """The encoder's remote backend, connected: a dead or wrong server fails the start.
 
     Raises ``ModelLoadError`` (with the server's address, never credentials) when the
-    server does not answer as it should, and ``ValueError`` for settings that cannot work.
+    server does not answer as it should, ``EncoderNotServed`` when a scorer serves other
+    encoders, and ``ValueError`` for settings that cannot work.
     """
     from semhealth.embeddings._http import display_url
 
     backend = _remote_backend(encoder)
     try:
         await backend.connect()
+    except EncoderNotServed:
+        await backend.aclose()
+        raise  # it answered, and its message names the scorer and both lists
     except EmbeddingError as exc:
         await backend.aclose()
         where = (
             encoder.remote.url if encoder.backend == "scorer" else display_url(encoder.remote.url)
         )
-        # A scorer that answered but serves other encoders did answer: say what it said.
-        failed = (
-            "cannot be used" if isinstance(exc, EncoderNotServed) else "did not answer at start-up"
-        )
         raise ModelLoadError(
-            f"encoder '{encoder.name}' ({encoder.backend} at {where}) {failed}: {exc}"
+            f"encoder '{encoder.name}' ({encoder.backend} at {where}) did not answer at "
+            f"start-up: {exc}"
         ) from exc
     return backend
 

@@ -455,16 +455,16 @@ class Agent:
             )
         except (EmbeddingError, ValueError) as exc:
             await stack.aclose()
-            if isinstance(exc.__cause__, EncoderNotServed) and relevance.enabled == "auto":
+            if isinstance(exc, EncoderNotServed) and relevance.enabled == "auto":
                 self._unscored = Unscored(ENCODER_NOT_SERVED)
                 log.warning(
                     "relevance scoring is off: this sidecar asks the scorer at %s for %s; "
                     "it serves: %s. Set relevance.profile to the scorer's, or serve these "
                     "encoders there; streams are counted in "
                     'semhealth_relevance_skipped_total{reason="%s"}',
-                    exc.__cause__.target,
+                    exc.target,
                     ", ".join(encoder.name for encoder in plan.encoders),
-                    ", ".join(exc.__cause__.served) or "nothing",
+                    ", ".join(exc.served) or "nothing",
                     ENCODER_NOT_SERVED,
                 )
                 return

@@ -8,7 +8,7 @@ import itertools
 import orjson
 import pytest
 
-from semhealth.agent.analysis.tap import Outcome, Tap, TapStream
+from semhealth.agent.analysis.tap import BATCH, Outcome, Tap, TapStream
 from semhealth.collectors.collector import Exchange, StreamCollector
 from semhealth.collectors.config import Config, Limits
 from semhealth.collectors.record import StreamRecord
@@ -175,6 +175,68 @@ async def test_shedding_one_stream_leaves_the_next_one_whole() -> None:
         await tap.shutdown()
     assert [(r.shed, r.output_text) for r in sink.records] == [(True, "ab"), (False, "xy")]
     assert tap.stats.streams_shed == 1
+
+
+async def test_many_streams_each_below_a_batch_are_analysed_before_they_fill_the_bound() -> None:
+    # 64 streams of 3 chunks, bound 128: no stream reaches BATCH, yet once half the bound
+    # waits every stream's chunks go to the worker, so none is shed.
+    sink = _Sink()
+    tap = Tap(_config(queue_size=128), sink)
+    await tap.start()
+    try:
+        streams = [tap.open_stream(_exchange()) for _ in range(64)]
+        for stream in streams:
+            _send(stream, "a", "b", "c")
+            await asyncio.sleep(0)  # the worker's turn, as the forwarding loop would give it
+        assert not any(stream.shed for stream in streams)
+        for stream in streams:
+            _close(stream)
+        await sink.wait(64)
+    finally:
+        await tap.shutdown()
+    assert tap.stats.chunks_dropped == 0
+    assert {r.output_text for r in sink.records} == {"abc"}
+
+
+async def test_a_long_stream_is_analysed_in_order_across_batches_and_time_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("semhealth.agent.analysis.tap._SLICE_NS", 0)  # a yield every 8 chunks
+    sink = _Sink()
+    tap = Tap(_config(), sink)
+    await tap.start()
+    texts = [f"{i} " for i in range(3 * BATCH + 5)]
+    try:
+        stream = tap.open_stream(_exchange())
+        for text in texts:
+            _send(stream, text)
+            await asyncio.sleep(0)
+        _close(stream)
+        await sink.wait(1)
+    finally:
+        await tap.shutdown()
+    (record,) = sink.records
+    assert record.output_text == "".join(texts)
+    assert len(record.delta_ns) == len(texts)
+    assert list(record.delta_ns) == sorted(record.delta_ns)
+
+
+async def test_chunks_below_a_batch_wait_in_the_stream_until_it_ends() -> None:
+    sink = _Sink()
+    tap = Tap(_config(), sink)
+    await tap.start()
+    try:
+        stream = tap.open_stream(_exchange())
+        _send(stream, "a", "b")
+        await asyncio.sleep(0.01)
+        assert stream.collector is None  # nothing analysed yet: two chunks wait
+        assert tap.stats.queue_depth == 2
+        _close(stream)
+        await sink.wait(1)
+    finally:
+        await tap.shutdown()
+    assert sink.texts == ["ab"]
+    assert tap.stats.queue_depth == 0
 
 
 async def test_a_failing_consumer_is_counted_and_the_worker_carries_on() -> None:

@@ -466,3 +466,39 @@ def test_garbage_in_any_chunking_never_raises_and_decodes_the_same(
     whole_frames, whole_errors = decode([stream], max_frame_bytes)
     frames, errors = decode(split_at(stream, points), max_frame_bytes)
     assert (summarize(frames), errors) == (summarize(whole_frames), whole_errors)
+
+
+def _at_blank_lines(stream: bytes) -> list[bytes]:
+    """``stream`` cut after every blank line: one whole event per chunk, as OpenAI-style
+    servers write a token, which the decoder takes by its short path."""
+    points, start = [], 0
+    while (end := stream.find(b"\n\n", start)) >= 0:
+        points.append(end + 2)
+        start = end + 2
+    return split_at(stream, points)
+
+
+@given(valid_streams())
+def test_one_whole_event_per_chunk_gives_the_same_events_as_one_chunk(stream: Stream) -> None:
+    frames, errors = decode(_at_blank_lines(stream.raw))
+    assert summarize(frames) == stream.expected
+    assert errors == []
+
+
+@given(_GARBAGE, st.integers(1, 48))
+def test_garbage_cut_at_blank_lines_decodes_as_one_chunk(
+    stream: bytes, max_frame_bytes: int
+) -> None:
+    whole = decode([stream], max_frame_bytes)
+    frames, errors = decode(_at_blank_lines(stream), max_frame_bytes)
+    assert (summarize(frames), errors) == (summarize(whole[0]), whole[1])
+
+
+def test_a_whole_event_after_an_event_type_line_keeps_the_type() -> None:
+    frames, _ = decode([b"data: a\n\n", b"event: delta\n", b"data: b\n\n"])
+    assert [(f.data, f.event) for f in frames] == [("a", ""), ("b", "delta")]
+
+
+def test_whole_events_count_their_bytes_in_error_offsets() -> None:
+    _, errors = decode([b"data: a\n\n", b"data: bb\n\n", b"data: cc"])
+    assert errors == [DecodeError("incomplete", 19)]

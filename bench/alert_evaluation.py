@@ -78,6 +78,7 @@ FILL_PENDING = 1_000_000
 # evaluation measures windows, not annotation templates.
 VALUES: dict[str, Callable[[random.Random], float]] = {
     "context_relevance_score": lambda r: min(max(r.gauss(0.85, 0.05), 0.0), 1.0),
+    "answer_relevance_score": lambda r: min(max(r.gauss(0.85, 0.05), 0.0), 1.0),
     # A ratio window keeps no buckets, so values do not change its cost: all valid keeps
     # the rule quiet however few samples a window holds.
     "model_output_validity_rate": lambda _r: 1.0,
@@ -304,8 +305,9 @@ def history_s(rules: Sequence[Rule]) -> dict[str, float]:
     spans: dict[str, float] = {}
     for rule in rules:
         span = rule.window_s
-        if rule.baseline is not None:
+        if rule.baseline is not None and rule.baseline.window_s is not None:
             # The baseline's coarse slots may end up to one slot before the window begins.
+            # A peer baseline reads the rule's own window: nothing further back.
             span += rule.baseline.window_s * (1 + 1 / SLOTS_PER_WINDOW)
         spans[rule.signal] = max(spans.get(rule.signal, 0.0), span)
     return spans

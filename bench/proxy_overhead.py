@@ -27,7 +27,10 @@ walking ``/proc/PID/task/*/children``: nginx's whole tree (master and workers); 
 sidecar's forwarding process(es); its analysis process, a descendant whose command line
 names ``semhealth.agent.analysis`` (while the sidecar is one process, analysis is part of
 the forwarding figure, and the report says so). Forwarding is given per request, analysis
-per content event relayed. The report ends with the chunks the sidecar's tap shed per round
+per content event relayed. Before the rounds, every server is watched idle for ``IDLE_S``
+seconds: its CPU and its wake-ups (schedstat's count of times a thread was run) a second, so
+what a quiet sidecar costs is reported apart from what a stream costs. The report ends with
+the chunks the sidecar's tap shed per round
 shape, each class's resident memory, and, when ``semhealth run`` takes ``--workers``, the
 no-gap round at the highest concurrency again against a sidecar started with
 ``--workers auto`` (the main run passes ``--workers 1``).
@@ -81,6 +84,7 @@ STREAM_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 POLL_S = 0.05
+IDLE_S = 10.0  # how long the servers are watched doing nothing, before the rounds
 IDLE_CPU_NS = 2_000_000  # per POLL_S and process: what an idle aiohttp process spends, with margin
 TAIL_BYTES = 4000
 # The upstream yields to its loop this often when streaming without gaps, so concurrent
@@ -311,6 +315,19 @@ def process_cpu_ns(pid: int) -> int:
                 total += int(stat.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended between the listing and the read
+    return total
+
+
+def process_wakeups(pid: int) -> int:
+    """Times the scheduler has run a process's threads (schedstat's third field): each is a
+    wake-up, for a process that sleeps in epoll between events."""
+    total = 0
+    for task in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(task, "rb") as stat:
+                total += int(stat.read().split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
     return total
 
 
@@ -1174,6 +1191,47 @@ def rss_line(footprint: dict[str, Footprint]) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Each class of server process with no traffic: CPU and wake-ups per second."""
+
+    seconds: float
+    cpu_ms_per_s: dict[str, float]
+    wakeups_per_s: dict[str, float]
+
+
+async def measure_idle(trees: Sequence[Tree], seconds: float) -> Idle:
+    """What the servers spend doing nothing: their timers, flushes and health checks."""
+
+    def wakeups() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for tree in trees:
+            for pid, name in tree.processes().items():
+                counts[name] = counts.get(name, 0) + process_wakeups(pid)
+        return counts
+
+    cpu_before, woken_before = read_cpu(trees), wakeups()
+    await asyncio.sleep(seconds)
+    spent, woken = cpu_between(cpu_before, read_cpu(trees)), wakeups()
+    return Idle(
+        seconds,
+        {name: ns / 1e6 / seconds for name, ns in spent.items()},
+        {name: (woken[name] - woken_before.get(name, 0)) / seconds for name in woken},
+    )
+
+
+def idle_line(idle: Idle) -> str:
+    cells = [
+        f"{name} {idle.cpu_ms_per_s.get(name, 0.0):.2f} ms of CPU and "
+        f"{idle.wakeups_per_s.get(name, 0.0):.1f} wake-ups a second"
+        for name in ("nginx", "sidecar", "analysis")
+    ]
+    return (
+        f"Idle, no traffic for {idle.seconds:g} s after start-up (sidecar: its forwarding "
+        f"process(es); analysis: its analysis process): {'; '.join(cells)}"
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkersRepeat:
     """The no-gap round at the highest concurrency against a sidecar with ``--workers auto``,
@@ -1461,6 +1519,7 @@ class RunFacts:
     sidecar_streams: int
     footprint: dict[str, Footprint]
     repeat: WorkersRepeat | None
+    idle: Idle
     load_before: float
     load_after: float
 
@@ -1482,6 +1541,8 @@ async def run_bench(options: Options, loop_name: str, tools: Tools) -> str:
                 sidecar=sidecar,
                 control=control,
             )
+            await wait_idle(sidecar.tree)
+            idle = await measure_idle(bench.trees, IDLE_S)
             for k in options.concurrency:
                 print(f"... {k} concurrent streams", file=sys.stderr, flush=True)
                 results[k] = await bench_concurrency(bench, options, k)
@@ -1498,6 +1559,7 @@ async def run_bench(options: Options, loop_name: str, tools: Tools) -> str:
         sidecar_streams=bench.sidecar_streams,
         footprint=footprint,
         repeat=repeat,
+        idle=idle,
         load_before=load_before,
         load_after=os.getloadavg()[0],
     )
@@ -1545,6 +1607,7 @@ def render_report(results: Results, options: Options, facts: RunFacts) -> str:
         *target_lines(results),
         *noise_lines(results),
         *error_lines(results),
+        f"- {idle_line(facts.idle)}",
         f"- {rss_line(facts.footprint)}",
         *workers_lines(results, facts.sidecar_args, facts.repeat, facts.tools.sidecar_has_workers),
         f"- {metrics_line(facts.metrics, facts.sidecar_streams)}",

@@ -4,9 +4,9 @@ The proxy owns one ``TapStream`` per exchange and calls it after each chunk
 has been written to the client. Data chunks go through one bounded queue
 shared by all streams; when it is full the stream is marked shed, its later
 chunks are skipped and the drop is counted (``dropped["tap"]``), and the
-client never notices. Control items (a stream's end) are always admitted:
-there is at most one per open stream, so they are bounded by the number of
-connections, not by bytes.
+client never notices. Streams' ends wait in the same queue under a budget of
+their own (``tap_queue_ends``): an end that finds it full is not analysed, so
+the stream gets no record (``dropped["records"]``).
 
 One worker task drains the queue, drives a sans-IO ``StreamCollector`` per
 stream and hands each finished ``StreamRecord`` to ``consume_record``.
@@ -76,6 +76,7 @@ class TapStats:
     streams_shed: int = 0
     requests_unanalysed: dict[str, int] = field(default_factory=dict)
     analysis_errors: int = 0
+    records_shed: int = 0  # streams that ended while the ends' budget was full: no record
     queue_depth: int = 0
     # The forwarders' own, reported over the tap wire (or shared by the in-process relay).
     requests_rejected: dict[str, int] = field(default_factory=dict)  # malformed, by reason
@@ -94,6 +95,7 @@ class TapStream:
         "analysis_ns",
         "collector",
         "elided_bytes",
+        "ended_unanalysed",
         "exchange",
         "failed",
         "outcome",
@@ -108,6 +110,7 @@ class TapStream:
         self.collector: StreamCollector | None = None  # created by the worker, never by the proxy
         self.shed = False
         self.failed = False  # analysis raised; the rest of this stream is skipped
+        self.ended_unanalysed = False  # its end was shed: its queued chunks are skipped
         self.analysis_ns = 0  # time the worker spent on this stream
         self.outcome: Outcome | None = None
         # The tee's copy (worker only): what the collector was fed, with arrival times.
@@ -150,8 +153,10 @@ class Tap:
         self._observe_analysis = observe_analysis
         self._on_task_failure = on_task_failure
         self._capacity = config.limits.tap_queue_size
+        self._end_capacity = config.limits.tap_queue_ends
         self._items: collections.deque[tuple[TapStream, bytes | None, int]] = collections.deque()
         self._data_items = 0
+        self._end_items = 0
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever the worker finds the queue empty
         self._task: asyncio.Task[None] | None = None
@@ -186,6 +191,16 @@ class Tap:
 
     def close_stream(self, stream: TapStream) -> None:
         self.stats.streams_closed += 1
+        # Ends need a budget too. One arrives per stream, not per open stream: while
+        # analysis is slower than streams end (at nice 10 it gets the CPU last) they piled
+        # up without limit, each holding its exchange and request body (about 1 KiB a stream
+        # in bench/soak.py, up to limits.max_request_bytes), and the analysis process grew
+        # with the backlog (51,886 ends, 49 MiB, in a soak slowed by tracemalloc).
+        if self._end_items >= self._end_capacity:
+            stream.ended_unanalysed = True
+            self.stats.records_shed += 1
+            return
+        self._end_items += 1
         self._items.append((stream, None, 0))
         self._wakeup.set()
 
@@ -223,11 +238,15 @@ class Tap:
                 stream, chunk, t = self._items.popleft()
                 if chunk is not None:
                     self._data_items -= 1
+                else:
+                    self._end_items -= 1
                 self._process(stream, chunk, t)
             self.stats.queue_depth = self._data_items
             await asyncio.sleep(0)
 
     def _process(self, stream: TapStream, chunk: bytes | None, t: int) -> None:
+        if stream.ended_unanalysed:
+            return  # no record will be built: its chunks would be analysed for nothing
         if self._tee is not None:
             self._tee_copy(stream, chunk, t)
         # Analysis must never take the worker down: a bug in a decoder costs one record.

@@ -8,11 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import aiohttp
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from semhealth.agent.analysis.agent import Agent
 from semhealth.agent.demo.simulator import Script, ScriptRequest
+from semhealth.agent.wire import Outcome
+from semhealth.collectors.collector import Exchange
 from tests.agent.conftest import agent_config, running_stack
 from tests.servers import free_port
 
@@ -49,6 +52,19 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def _exchange() -> Exchange:
+    return Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        start_ns=1,
+        status=200,
+        content_type="text/event-stream",
+        content_encoding=None,
+        response_ns=1,
+        request_body=orjson.dumps(CHAT),
+    )
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -120,6 +136,22 @@ async def test_metrics_serve_prometheus_text_with_the_agent_counters() -> None:
     assert samples[("semhealth_records_total", ())] == 0
     assert samples[("semhealth_dropped_total", (("stage", "tap"),))] == 0
     assert samples[("semhealth_streams_active", ())] == 0
+
+
+async def test_streams_that_end_past_the_ends_budget_count_as_dropped_records() -> None:
+    agent = Agent(agent_config(UNUSED_UPSTREAM, **{"limits.tap_queue_ends": 1}))
+    await agent.start()
+    try:
+        first, second = (agent.tap.open_stream(_exchange()) for _ in range(2))
+        # No await between the ends: the worker cannot take the first before the second comes.
+        first.close(Outcome(end_ns=2))
+        second.close(Outcome(end_ns=3))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(agent.admin_url + "/metrics") as response:
+                samples = _samples(await response.text())
+    finally:
+        await agent.shutdown()
+    assert samples[("semhealth_dropped_total", (("stage", "records"),))] == 1
 
 
 async def test_record_count_rises_after_one_proxied_request() -> None:

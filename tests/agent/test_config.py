@@ -372,6 +372,7 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
                 max_response_bytes=16777216,
                 max_frame_bytes=262144,
                 tap_queue_size=8192,
+                tap_queue_ends=2048,
             ),
             analysis=Analysis(stall_threshold_s=1.5, long_context_tokens=8000),
         ),

@@ -46,8 +46,8 @@ def _close(stream: TapStream) -> None:
     stream.close(Outcome(end_ns=next(_clock)))
 
 
-def _config(queue_size: int = 4096) -> Config:
-    return Config(limits=Limits(tap_queue_size=queue_size))
+def _config(queue_size: int = 4096, queue_ends: int = 4096) -> Config:
+    return Config(limits=Limits(tap_queue_size=queue_size, tap_queue_ends=queue_ends))
 
 
 class _Sink:
@@ -237,6 +237,49 @@ async def test_chunks_below_a_batch_wait_in_the_stream_until_it_ends() -> None:
         await tap.shutdown()
     assert sink.texts == ["ab"]
     assert tap.stats.queue_depth == 0
+
+
+async def test_at_most_queue_ends_stream_ends_wait_and_the_rest_are_counted() -> None:
+    sink = _Sink()
+    tap = Tap(_config(queue_ends=2), sink)
+    await tap.start()
+    try:
+        streams = [tap.open_stream(_exchange()) for _ in range(3)]
+        for stream, text in zip(streams, ("a", "b", "c"), strict=True):
+            _send(stream, text)
+        # No await between closes: the worker cannot drain, so the third end finds two waiting.
+        for stream in streams:
+            _close(stream)
+        await sink.wait(2)
+    finally:
+        await tap.shutdown()
+    assert sink.texts == ["a", "b"]
+    assert tap.stats.records == 2
+    assert tap.stats.records_shed == 1
+    assert tap.stats.streams_closed == 3
+
+
+async def test_the_chunks_of_a_stream_whose_end_was_shed_are_not_analysed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fed: list[bytes] = []
+    feed = StreamCollector.feed
+
+    def counting_feed(self: StreamCollector, chunk: bytes, t: int) -> None:
+        fed.append(chunk)
+        feed(self, chunk, t)
+
+    monkeypatch.setattr(StreamCollector, "feed", counting_feed)
+    tap = Tap(_config(queue_ends=2), lambda record: None)
+    await tap.start()
+    ended, also_ended, late = (tap.open_stream(_exchange()) for _ in range(3))
+    _close(ended)
+    _close(also_ended)
+    _send(late, "queued before its end found two ends waiting")
+    _close(late)
+    await tap.shutdown()
+    assert (tap.stats.records, tap.stats.records_shed) == (2, 1)
+    assert fed == []
 
 
 async def test_a_failing_consumer_is_counted_and_the_worker_carries_on() -> None:

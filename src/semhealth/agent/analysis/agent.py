@@ -221,6 +221,8 @@ def observe_stages(
     observe_otlp(meter, lambda: _field(intake(), lambda part: part.stats))
     observe_alerting(meter, alerting.stats if alerting is not None else lambda: None)
     shed.add("tap", lambda: tap.chunks_dropped)
+    # Streams whose end found the tap's budget of ends full: no record was built.
+    shed.add("records", lambda: tap.records_shed)
     shed.add("relevance", lambda: _field(relevance_stats(), lambda stats: stats.dropped) or 0)
     # Samples the evaluator never saw: its buffer was full, or a rule held its maximum of
     # groups.

@@ -4,8 +4,10 @@ The proxy owns one ``TapStream`` per exchange and calls it after each chunk
 has been written to the client. A stream's chunks wait in it, all streams' together
 bounded by ``limits.tap_queue_size``; when the bound is reached the stream is marked
 shed, its later chunks are skipped and the drop is counted (``dropped["tap"]``), and
-the client never notices. A stream's end is always admitted: there is at most one per
-open stream, so ends are bounded by the number of connections, not by bytes.
+the client never notices. Streams' ends have a budget of their own
+(``limits.tap_queue_ends``): an end that finds that many ended streams waiting is not
+analysed, so its stream gets no record (``dropped["records"]``) and its waiting chunks
+are dropped with it.
 
 One worker task analyses waiting chunks a stream at a time, once ``BATCH`` of them
 wait, the stream ends, or the waiting chunks of all streams reach half the bound:
@@ -85,6 +87,7 @@ class TapStats:
     streams_shed: int = 0
     requests_unanalysed: dict[str, int] = field(default_factory=dict)
     analysis_errors: int = 0
+    records_shed: int = 0  # streams that ended while the ends' budget was full: no record
     queue_depth: int = 0
     # The forwarders' own, reported over the tap wire (or shared by the in-process relay).
     requests_rejected: dict[str, int] = field(default_factory=dict)  # malformed, by reason
@@ -103,6 +106,7 @@ class TapStream:
         "analysis_ns",
         "collector",
         "elided_bytes",
+        "ended_unanalysed",
         "exchange",
         "failed",
         "outcome",
@@ -119,6 +123,7 @@ class TapStream:
         self.collector: StreamCollector | None = None  # created by the worker, never by the proxy
         self.shed = False
         self.failed = False  # analysis raised; the rest of this stream is skipped
+        self.ended_unanalysed = False  # its end was shed: its queued chunks are skipped
         self.analysis_ns = 0  # time the worker spent on this stream
         self.outcome: Outcome | None = None
         self.pending: list[tuple[int, bytes]] = []  # (arrival, chunk) not analysed yet
@@ -168,7 +173,9 @@ class Tap:
         self._flush_at = max(self._capacity // 2, 1)
         self._items: collections.deque[TapStream] = collections.deque()  # streams to analyse
         self._waiting: dict[TapStream, None] = {}  # streams with chunks, not yet queued
+        self._end_capacity = config.limits.tap_queue_ends
         self._data_items = 0
+        self._end_items = 0
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever the worker finds the queue empty
         self._task: asyncio.Task[None] | None = None
@@ -211,6 +218,19 @@ class Tap:
 
     def close_stream(self, stream: TapStream) -> None:
         self.stats.streams_closed += 1
+        # Ends need a budget too. One arrives per stream, not per open stream: while
+        # analysis is slower than streams end (at nice 10 it gets the CPU last) they piled
+        # up without limit, each holding its exchange and request body (about 1 KiB a stream
+        # in bench/soak.py, up to limits.max_request_bytes), and the analysis process grew
+        # with the backlog (51,886 ends, 49 MiB, in a soak slowed by tracemalloc).
+        if self._end_items >= self._end_capacity:
+            stream.ended_unanalysed = True
+            self.stats.records_shed += 1
+            self._waiting.pop(stream, None)
+            self._data_items -= len(stream.pending)
+            stream.pending.clear()  # no record will be built: analysing them is for nothing
+            return
+        self._end_items += 1
         if not stream.queued:
             self._queue(stream)
 
@@ -272,6 +292,8 @@ class Tap:
     def _analyse(self, stream: TapStream, slice_end: int) -> bool:
         """Analyse what ``stream`` has waiting, and its end once it has ended; False when the
         time slice ran out first (the rest stays waiting, in order)."""
+        if stream.ended_unanalysed:
+            return True
         pending = stream.pending
         if pending:
             done = self._feed(stream, slice_end)
@@ -283,6 +305,7 @@ class Tap:
             if pending:
                 return False
         if stream.outcome is not None:
+            self._end_items -= 1
             if self._tee is not None:
                 self._tee_end(stream)
             self._finish(stream)

@@ -302,6 +302,21 @@ async def test_analysis_gets_only_the_response_body_not_the_bytes_after_it() -> 
     assert record.response_bytes == 2
 
 
+async def test_a_final_response_without_a_reason_phrase_never_takes_the_interim_ones() -> None:
+    # RFC 9112 lets the reason phrase be empty, its space too; the client gets the status
+    # line with the space and no phrase, never the phrase of the 100 before it.
+    answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_upstream(lambda _: [answer]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through == (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 \r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    )
+
+
 async def test_control_character_in_an_upstream_header_is_a_marked_502() -> None:
     bad = b"HTTP/1.1 200 OK\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nhi"
     async with raw_upstream(lambda _: [bad]) as up:

@@ -574,13 +574,17 @@ class _Exchange:
         end = self.head_buf.find(b"\r\n\r\n", self.head_pos)
         self.head_pos = end + 4
         headers, self.resp_headers = self.resp_headers, []
+        # llhttp reports no reason phrase when a status line has none: never the last head's.
+        reason, self.reason = self.reason, b""
         if status < 200:
             if status != 101 and not self.request.http10:
-                self.client.write(_head(status, self.reason, headers, ()))
+                self.client.write(_head(status, reason, headers, ()))
             return
-        self._response_head(status, headers)
+        self._response_head(status, reason, headers)
 
-    def _response_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def _response_head(
+        self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> None:
         parser = self.parser
         assert parser is not None
         request = self.request
@@ -617,7 +621,7 @@ class _Exchange:
         if not self.passthrough:
             drop = drop | {b"transfer-encoding", b"trailer"}
         extra = (b"Connection: close\r\n",) if self.close_client else ()
-        self.client.write(_head(status, self.reason, headers, extra, drop))
+        self.client.write(_head(status, reason, headers, extra, drop))
         self._open_stream(status, headers)
         if self.upstream_framing == "none":
             # Nothing follows the head (HEAD, 204, 304): do not let the parser wait for a body.

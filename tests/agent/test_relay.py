@@ -207,6 +207,116 @@ async def test_a_response_the_upstream_sends_after_the_final_one_never_reaches_t
     assert [record.status for record in stack.records] == [204]
 
 
+_CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+async def test_bytes_after_a_content_length_body_in_the_same_read_never_reach_the_client() -> None:
+    # The response ends at its length, as nginx and Envoy end it: a second answer the
+    # upstream wrote with it is nobody's.
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    unasked = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra"
+    async with raw_upstream(lambda _: [answer + unasked]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
+async def test_bytes_after_the_terminating_chunk_in_the_same_read_never_reach_the_client() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"2\r\nok\r\n0\r\nX-Digest: d\r\n\r\n"
+    async with raw_upstream(lambda _: [head + body + b"\r\n\r\nnot a response"]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through == head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body
+
+
+async def test_bytes_after_a_chunked_end_split_over_two_reads_never_reach_the_client() -> None:
+    # The chunked body's closing CRLF CRLF begins in one read and ends in the next, whose
+    # other bytes are nobody's.
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    steps: list[bytes | float | None] = [head + b"2\r\nok\r\n0\r\n", 0.05, b"\r\nnot a response"]
+    async with raw_upstream(lambda _: steps) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through.endswith(b"\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+
+
+async def test_bytes_after_a_chunked_end_split_over_three_reads_never_reach_the_client() -> None:
+    # The closing CRLF CRLF spread over three reads, the middle one a single byte.
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    steps: list[bytes | float | None] = [
+        head + b"2\r\nok\r\n0\r",
+        0.05,
+        b"\n",
+        0.05,
+        b"\r\nnot a response",
+    ]
+    async with raw_upstream(lambda _: steps) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through.endswith(b"\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+
+
+async def test_an_upstream_connection_that_sent_bytes_after_its_response_is_never_reused() -> None:
+    # A stray CRLF, which the parser would skip as the space between two responses: still
+    # bytes nobody asked for, and the connection is in no state to reuse.
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok\r\n"
+    async with raw_upstream(lambda _: [answer]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            for _ in range(2):
+                through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+                assert through.endswith(b"\r\n\r\nok")
+    assert up.connections == 2
+
+
+async def test_a_response_with_bytes_after_its_end_is_recorded_whole_not_aborted() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    async with raw_upstream(lambda _: [answer + b"garbage"]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+            (record,) = await stack.wait_records(1)
+    assert (record.status, record.error_type, record.upstream_aborted) == (200, None, False)
+
+
+async def test_analysis_gets_only_the_response_body_not_the_bytes_after_it() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    unasked = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra"
+    async with raw_upstream(lambda _: [answer + unasked]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+            (record,) = await stack.wait_records(1)
+    assert record.response_bytes == 2
+
+
+async def test_a_final_response_without_a_reason_phrase_never_takes_the_interim_ones() -> None:
+    # RFC 9112 lets the reason phrase be empty, its space too; the client gets the status
+    # line with the space and no phrase, never the phrase of the 100 before it.
+    answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_upstream(lambda _: [answer]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through == (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 \r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    )
+
+
 async def test_control_character_in_an_upstream_header_is_a_marked_502() -> None:
     bad = b"HTTP/1.1 200 OK\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nhi"
     async with raw_upstream(lambda _: [bad]) as up:

@@ -348,7 +348,8 @@ class _Exchange:
         self.close_client = not request.keep_alive or request.http10
         self.upstream_reusable = True
         self.upstream_framing = "none"  # none | length | chunked | close, then done
-        self.bodiless = False  # HEAD, 204, 304: nothing may follow the head
+        self.length_left = 0  # of a Content-Length body, the bytes not yet parsed
+        self.tail = b""  # the last 3 bytes parsed, for a CRLF CRLF that straddles two reads
         self.finished = False
         self.pieces: list[bytes] = []
         self.last_read_ns = 0  # the read timer compares with this; one clock read per chunk
@@ -489,23 +490,27 @@ class _Exchange:
         assert parser is not None
         if not self.head_done:
             self.head_buf += data
+        size = fed = len(data)
         invalid = False
         try:
-            parser.feed_data(data)
+            fed = self._feed(data)
         except httptools.HttpParserError:  # HttpParserUpgrade too: a 101 was never asked for
             invalid = True
         if self.finished:
             return
+        if fed < size:
+            # Bytes after the response's end, in the read that ended it (a body after a HEAD,
+            # 204 or 304 head, a second response): nobody asked for them. The response ends
+            # at its framing, as nginx and Envoy end it, and the connection is in no state
+            # to reuse.
+            self.upstream_reusable = False
         if self.head_done:
             if self.head_buf:
                 # The read that carried the head: the bytes after it are the body's.
-                data = self.head_buf[self.head_pos :]
+                data = self.head_buf[self.head_pos : len(self.head_buf) - size + fed]
                 self.head_buf = b""
-                if self.bodiless and data:
-                    # A body after a head that may have none (HEAD, 204, 304): never the
-                    # client's, and the connection is in no state to reuse.
-                    data = b""
-                    self.upstream_reusable = False
+            elif fed < size:
+                data = data[:fed]
             if self.passthrough:
                 if data:
                     self.client.write(data)
@@ -522,6 +527,39 @@ class _Exchange:
         elif self.upstream_framing == "done":
             self.finish()
 
+    def _feed(self, data: bytes) -> int:
+        """Parse ``data`` up to the response's end; return how many of its bytes that is.
+
+        Nothing after the end is parsed. A Content-Length body ends at its length; a head
+        and a chunked body can only end where a CRLF CRLF ends (llhttp takes no bare LF),
+        so ``data`` goes to the parser in pieces cut there, and the end is between two.
+        """
+        parser = self.parser
+        assert parser is not None
+        fed, size = 0, len(data)
+        while fed < size and self.upstream_framing != "done":
+            if self.upstream_framing == "close":
+                end = size
+            elif self.upstream_framing == "length":
+                end = min(size, fed + self.length_left)
+                self.length_left -= end - fed
+            else:
+                end = self._past_crlfcrlf(data, fed)
+            parser.feed_data(data if end - fed == size else data[fed:end])
+            fed = end
+        self.tail = data[-3:] if size >= 3 else (self.tail + data)[-3:]
+        return fed
+
+    def _past_crlfcrlf(self, data: bytes, start: int) -> int:
+        """Where the first CRLF CRLF at or after ``start`` ends in ``data`` (its length if
+        none does), one that began in the read before included."""
+        if start == 0:
+            found = (self.tail + data[:3]).find(b"\r\n\r\n")
+            if found >= 0:
+                return found + 4 - len(self.tail)
+        found = data.find(b"\r\n\r\n", start)
+        return len(data) if found < 0 else found + 4
+
     def on_status(self, reason: bytes) -> None:
         self.reason = reason
 
@@ -533,21 +571,20 @@ class _Exchange:
         parser = self.parser
         assert parser is not None
         status = parser.get_status_code()
-        if self.head_done:
-            # A response after the final one, in the same read: nobody asked for it. It is
-            # not the client's, and the connection is in no state to reuse.
-            self.upstream_reusable = False
-            return
         end = self.head_buf.find(b"\r\n\r\n", self.head_pos)
         self.head_pos = end + 4
         headers, self.resp_headers = self.resp_headers, []
+        # llhttp reports no reason phrase when a status line has none: never the last head's.
+        reason, self.reason = self.reason, b""
         if status < 200:
             if status != 101 and not self.request.http10:
-                self.client.write(_head(status, self.reason, headers, ()))
+                self.client.write(_head(status, reason, headers, ()))
             return
-        self._response_head(status, headers)
+        self._response_head(status, reason, headers)
 
-    def _response_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def _response_head(
+        self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> None:
         parser = self.parser
         assert parser is not None
         request = self.request
@@ -560,11 +597,11 @@ class _Exchange:
                 chunked = chunked or value.rstrip().lower().endswith(b"chunked")
             elif lower == b"content-length":
                 content_length = True
+                self.length_left = int(value)  # llhttp let it through: digits, one value
         if not parser.should_keep_alive():
             self.upstream_reusable = False
         if request.method == b"HEAD" or status in (204, 304):
             self.upstream_framing = "none"
-            self.bodiless = True
         elif chunked:
             self.upstream_framing = "chunked"
             if request.http10:
@@ -584,7 +621,7 @@ class _Exchange:
         if not self.passthrough:
             drop = drop | {b"transfer-encoding", b"trailer"}
         extra = (b"Connection: close\r\n",) if self.close_client else ()
-        self.client.write(_head(status, self.reason, headers, extra, drop))
+        self.client.write(_head(status, reason, headers, extra, drop))
         self._open_stream(status, headers)
         if self.upstream_framing == "none":
             # Nothing follows the head (HEAD, 204, 304): do not let the parser wait for a body.

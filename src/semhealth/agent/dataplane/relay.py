@@ -537,6 +537,17 @@ class _Exchange:
         parser = self.parser
         assert parser is not None
         fed, size = 0, len(data)
+        if (
+            self.upstream_framing == "chunked"
+            and data[:1] not in (b"\r", b"\n")
+            and b"\r\n\r\n" not in data
+        ):
+            # A read of a streamed body (one event, most often) with no end in it, none
+            # begun in the read before: parsed whole. The cut on every read cost forwarding
+            # a sixth more CPU at 50 streams; with this check, no more than the runs' noise.
+            parser.feed_data(data)
+            self.tail = data[-3:] if size >= 3 else (self.tail + data)[-3:]
+            return size
         while fed < size and self.upstream_framing != "done":
             if self.upstream_framing == "close":
                 end = size

@@ -78,7 +78,8 @@ async def raw_upstream(
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    # Heads up to 1 MiB: the relay's own limit on a request head (64 KiB) is tested through it.
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=1 << 20)
     port = server.sockets[0].getsockname()[1]
     state.url = f"http://127.0.0.1:{port}"
     try:

@@ -10,11 +10,12 @@ import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
+from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
 from semhealth.agent.demo.simulator import RawScript
 from semhealth.agent.wire import Outcome, TapSink
 from semhealth.collectors.collector import Exchange
@@ -233,11 +234,14 @@ async def bare_relay(
     local: Callable[[bytes, bytes], bytes | None] | None = None,
     *,
     tap: TapSink | None = None,
-    unix_path: str | None = None,
+    listen: ListenSettings | None = None,
+    **upstream: Any,
 ) -> AsyncIterator[tuple[Relay, str, int]]:
-    """The relay alone in front of ``url``, its counters at hand."""
-    upstream = UpstreamSettings(url=url, unix_path=unix_path)
-    relay = Relay(upstream, tap or _NoTap(), local=local)
+    """The relay alone in front of ``url``, its counters at hand; ``upstream``: more of its
+    UpstreamSettings."""
+    relay = Relay(
+        UpstreamSettings(url=url, **upstream), tap or _NoTap(), local=local, listen=listen
+    )
     host, port = await relay.start("127.0.0.1", 0)
     try:
         yield relay, host, port
@@ -584,13 +588,14 @@ class _Capture:
     exchanges: list[Exchange] = field(default_factory=list)
     offers: list[tuple[bytes, int]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
+    unanalysed_reasons: list[str] = field(default_factory=list)
 
     def open_stream(self, exchange: Exchange) -> _Capture:
         self.exchanges.append(exchange)
         return self
 
     def unanalysed(self, reason: str) -> None:
-        return None
+        self.unanalysed_reasons.append(reason)
 
     def offer(self, chunk: bytes, t: int) -> None:
         self.offers.append((chunk, t))

@@ -1,0 +1,162 @@
+"""The relay's listener from start to shutdown: where it binds (an address, a socket handed
+to it, a port shared with SO_REUSEPORT or still in TIME_WAIT), and how shutdown drains the
+exchanges in flight by its deadline; real loopback clients and upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
+from tests.agent.test_relay import exchange_raw, raw_upstream
+from tests.agent.test_relay_mutants import _NoTap
+from tests.servers import free_port
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+def _relay(url: str) -> Relay:
+    return Relay(UpstreamSettings(url=url), _NoTap())
+
+
+@contextlib.asynccontextmanager
+async def stopping(relay: Relay) -> AsyncIterator[Relay]:
+    try:
+        yield relay
+    finally:
+        await relay.shutdown(1.0)
+
+
+# --------------------------------------------------------------------------- binding
+
+
+async def test_start_binds_the_host_and_port_it_is_given_and_returns_them() -> None:
+    port = free_port()
+    async with raw_upstream(lambda _: [OK]) as up, stopping(_relay(up.url)) as relay:
+        bound = await relay.start("127.0.0.1", port)
+        reply = await exchange_raw("127.0.0.1", port, CLOSE_GET)
+    assert bound == ("127.0.0.1", port)
+    assert reply.endswith(b"\r\n\r\nok")
+
+
+async def test_a_relay_started_on_a_listening_socket_serves_on_it() -> None:
+    # The forwarding workers share one socket their parent bound.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    address = sock.getsockname()
+    async with raw_upstream(lambda _: [OK]) as up, stopping(_relay(up.url)) as relay:
+        host, port = await relay.start("", 0, sock=sock)
+        reply = await exchange_raw(host, port, CLOSE_GET)
+    assert (host, port) == address
+    assert reply.endswith(b"\r\n\r\nok")
+
+
+async def test_two_relays_started_with_reuse_port_share_one_port() -> None:
+    port = free_port()
+    async with (
+        raw_upstream(lambda _: [OK]) as up,
+        stopping(_relay(up.url)) as first,
+        stopping(_relay(up.url)) as second,
+    ):
+        await first.start("127.0.0.1", port, reuse_port=True)
+        assert await second.start("127.0.0.1", port, reuse_port=True) == ("127.0.0.1", port)
+
+
+async def test_a_second_relay_on_a_port_in_use_fails_to_start() -> None:
+    port = free_port()
+    async with (
+        raw_upstream(lambda _: [OK]) as up,
+        stopping(_relay(up.url)) as first,
+        stopping(_relay(up.url)) as second,
+    ):
+        await first.start("127.0.0.1", port)
+        with pytest.raises(OSError):
+            await second.start("127.0.0.1", port)
+
+
+async def test_a_relay_restarted_right_after_serving_binds_its_port_again() -> None:
+    # The relay closed the client's connection first: that connection is in TIME_WAIT on
+    # the relay's port for a minute, and only SO_REUSEADDR lets a listener bind it again.
+    port = free_port()
+    async with raw_upstream(lambda _: [OK]) as up:
+        async with stopping(_relay(up.url)) as relay:
+            await relay.start("127.0.0.1", port)
+            await exchange_raw("127.0.0.1", port, CLOSE_GET)
+        async with stopping(_relay(up.url)) as again:
+            assert await again.start("127.0.0.1", port) == ("127.0.0.1", port)
+
+
+# --------------------------------------------------------------------------- shutdown
+
+
+def _slow_by_path(head: bytes) -> list[bytes | float | None]:
+    """A head at once, the body after as many tenths of a second as the path says."""
+    tenths = int(head.split(b" ")[1].strip(b"/"))
+    return [b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n", tenths / 10, b"done"]
+
+
+async def _head_read(
+    relay_port: int, path: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay_port)
+    writer.write(b"GET /%s HTTP/1.1\r\nHost: x\r\n\r\n" % path)  # keep-alive
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+    return reader, writer
+
+
+async def test_shutdown_lets_every_exchange_in_flight_finish_then_closes_its_connection() -> None:
+    async with raw_upstream(_slow_by_path) as up:
+        relay = _relay(up.url)
+        _, port = await relay.start("127.0.0.1", 0)
+        sooner, sooner_writer = await _head_read(port, b"2")
+        later, later_writer = await _head_read(port, b"6")
+        stopping_task = asyncio.create_task(relay.shutdown(10.0))
+        try:
+            # Each whole, then the end of its connection as soon as it is done: a keep-alive
+            # connection takes no new request once shutdown has begun.
+            assert await asyncio.wait_for(sooner.read(), 5.0) == b"done"
+            assert not stopping_task.done()  # the later one is still on its way
+            assert await asyncio.wait_for(later.read(), 5.0) == b"done"
+            await asyncio.wait_for(stopping_task, 15.0)
+        finally:
+            for writer in (sooner_writer, later_writer):
+                writer.close()
+
+
+async def test_shutdown_cuts_the_exchanges_still_running_at_its_deadline() -> None:
+    async with raw_upstream(
+        lambda _: [b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n", 30.0]
+    ) as up:
+        relay = _relay(up.url)
+        _, port = await relay.start("127.0.0.1", 0)
+        reader, writer = await _head_read(port, b"x")
+        await asyncio.wait_for(relay.shutdown(0.2), 5.0)
+        try:
+            with contextlib.suppress(ConnectionResetError):  # cut: a reset, or at least an end
+                assert await asyncio.wait_for(reader.read(), 5.0) == b""
+        finally:
+            writer.close()
+
+
+async def test_shutdown_closes_idle_connections_at_once_while_another_drains() -> None:
+    async with raw_upstream(_slow_by_path) as up:
+        relay = _relay(up.url)
+        _, port = await relay.start("127.0.0.1", 0)
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        busy, busy_writer = await _head_read(port, b"5")
+        stopping_task = asyncio.create_task(relay.shutdown(10.0))
+        try:
+            # A FIN, while the busy one is still on its way: read() would raise on a reset.
+            assert await asyncio.wait_for(idle_reader.read(), 5.0) == b""
+            assert not stopping_task.done()
+            assert await asyncio.wait_for(busy.read(), 5.0) == b"done"
+            await asyncio.wait_for(stopping_task, 15.0)
+        finally:
+            idle_writer.close()
+            busy_writer.close()

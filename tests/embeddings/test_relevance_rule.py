@@ -136,3 +136,8 @@ def test_the_config_sets_the_rule_and_names_a_bad_setting() -> None:
     issues = Config(pooling="median", window_words=8, overlap_words=8, max_windows=-1).validate()
     assert {issue.path for issue in issues} == {"pooling", "overlap_words", "max_windows"}
     assert any("max, mean, softmax" in issue.fix for issue in issues)
+
+
+def test_selection_weighs_a_query_term_few_windows_hold_above_one_most_hold() -> None:
+    chunks = ["the password rules", "the password expiry", "the vpn client", "the password history"]
+    assert select_windows("vpn password", chunks, 1) == ["the vpn client"]

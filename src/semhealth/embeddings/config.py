@@ -299,8 +299,8 @@ class Config:
     top_k: int = 3  # pooling mean: context_relevance_score is the mean of the top-k similarities
     # The context rule (embeddings/relevance.py), best on the held-out split (the manual): chunks
     # longer than window_words words (CJK: characters) are cut into windows sharing
-    # overlap_words; at most max_windows of them, those sharing most words with the query,
-    # are embedded (0: all); their similarities to the query are pooled by max, mean (of the
+    # overlap_words; at most max_windows of them, those scoring highest for the query by
+    # BM25, are embedded (0: all); their similarities to the query are pooled by max, mean (of the
     # top_k) or softmax (a weighted mean leaning on the best).
     pooling: str = "max"
     window_words: int = 64  # 0: chunks as given

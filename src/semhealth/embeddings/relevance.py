@@ -7,8 +7,10 @@ answer. Rows are L2-normalised, so cosine similarity is a dot product.
 The rule (README, "Relevance profiles", every variant measured on the held-out split):
 a chunk longer than ``window_words`` is cut into overlapping windows, because an encoder
 reads only its first few hundred tokens and a long chunk's one relevant paragraph is
-otherwise diluted or cut off; ``max_windows`` keeps only the windows that share most words
-with the query (query-aware selection, which bounds the cost of a very long context); and
+otherwise diluted or cut off; ``max_windows`` keeps only the windows that score highest
+for the query by BM25 over the request's own windows (query-aware selection, which bounds
+the cost of a very long context; cutting never reads the query, so a repeated document's
+windows are the same texts, and cache hits, whatever the query); and
 the similarities are pooled by the mean of the top ``top_k``, their maximum, or a
 softmax-weighted mean.
 
@@ -23,7 +25,9 @@ calibration for the model is handed in; both the raw and the calibrated scores a
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +45,11 @@ DEFAULT_TOP_K = 3
 # or a run of other non-space characters.
 _WORD = re.compile(f"{CJK_CLASS}|[^\\s\u3000-\u303f\uff01-\uff0f{CJK_CLASS[1:-1]}]+")
 _TERM = re.compile(f"{CJK_CLASS}{{2}}|[^\\W_]{{3,}}")
+_CJK_PAIR = re.compile(f"{CJK_CLASS}{{2}}")
+# BM25's saturation of a term's count and its pull towards the average length: the defaults
+# of Lucene and Elasticsearch, not tuned to our sets (too small to tune them on).
+BM25_K1 = 1.2
+BM25_B = 0.75
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +64,7 @@ class ContextRule:
     temperature: float = 0.05  # softmax: lower leans on the best chunk, higher on the mean
     window_words: int = 64  # a chunk longer than this is cut into windows; 0: never
     overlap_words: int = 16  # words two neighbouring windows share
-    max_windows: int = 16  # embed only the windows sharing most words with the query; 0: all
+    max_windows: int = 16  # embed only the windows scoring highest by BM25 for the query; 0: all
 
     @classmethod
     def of(cls, config: Config) -> ContextRule:
@@ -98,7 +107,7 @@ def windows(text: str, window_words: int, overlap_words: int = 0) -> list[str]:
 
 
 def select_windows(query: str, chunks: Sequence[str], keep: int) -> list[str]:
-    """The ``keep`` chunks sharing most terms with the query, in their original order.
+    """The ``keep`` chunks that score highest for the query by BM25, in their original order.
 
     Terms are lower-cased words of three letters or more and CJK character pairs; ties
     keep the earlier chunk. ``keep`` 0, or no more chunks than that: all of them.
@@ -110,16 +119,48 @@ def selected(query: str, chunks: Sequence[str], keep: int) -> list[int]:
     """The indices ``select_windows`` keeps, ascending."""
     if keep <= 0 or len(chunks) <= keep:
         return list(range(len(chunks)))
-    wanted = _terms(query)
-    overlap = [len(wanted & _terms(chunk)) for chunk in chunks]
-    return sorted(sorted(range(len(chunks)), key=lambda i: (-overlap[i], i))[:keep])
+    scores = bm25(_tokens(query), [_tokens(chunk) for chunk in chunks])
+    return sorted(sorted(range(len(chunks)), key=lambda i: (-scores[i], i))[:keep])
 
 
-def _terms(text: str) -> set[str]:
+def bm25(
+    query: Sequence[str],
+    documents: Sequence[Sequence[str]],
+    k1: float = BM25_K1,
+    b: float = BM25_B,
+) -> list[float]:
+    """Okapi BM25 of each document (a list of terms) for the query's distinct terms.
+
+    The documents are their own corpus: a term most of a request's windows hold tells
+    them apart less than one only a few hold. The idf is Lucene's,
+    ``log(1 + (N - df + 0.5) / (df + 0.5))``, never negative.
+    """
+    counts = [Counter(document) for document in documents]
+    lengths = [len(document) for document in documents]
+    scores = [0.0] * len(documents)
+    total = sum(lengths)
+    if total == 0:
+        return scores
+    average = total / len(documents)
+    norms = [k1 * (1 - b + b * length / average) for length in lengths]
+    for term in dict.fromkeys(query):
+        holding = [i for i, count in enumerate(counts) if term in count]
+        if not holding:
+            continue
+        idf = math.log(1 + (len(documents) - len(holding) + 0.5) / (len(holding) + 0.5))
+        for i in holding:
+            tf = counts[i][term]
+            scores[i] += idf * tf * (k1 + 1) / (tf + norms[i])
+    return scores
+
+
+def _tokens(text: str) -> list[str]:
+    """A text's terms, repeated as often as they occur."""
     lowered = text.lower()
+    words = [term for term in _TERM.findall(lowered) if not _CJK_PAIR.fullmatch(term)]
     # CJK pairs overlap: "数据库" gives "数据" and "据库".
-    pairs = {lowered[i : i + 2] for i in range(len(lowered) - 1)}
-    return {term for term in _TERM.findall(lowered)} | {p for p in pairs if _TERM.fullmatch(p)}
+    pairs = [lowered[i : i + 2] for i in range(len(lowered) - 1)]
+    return words + [pair for pair in pairs if _CJK_PAIR.fullmatch(pair)]
 
 
 def pool(similarities: ArrayLike, rule: ContextRule) -> float:

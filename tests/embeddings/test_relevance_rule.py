@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from semhealth.embeddings.batcher import MicroBatcher
+from semhealth.embeddings.cache import Cache
 from semhealth.embeddings.config import Config
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.relevance import (
@@ -158,6 +160,32 @@ def test_the_config_sets_the_rule_and_names_a_bad_setting() -> None:
 def test_selection_weighs_a_query_term_few_windows_hold_above_one_most_hold() -> None:
     chunks = ["the password rules", "the password expiry", "the vpn client", "the password history"]
     assert select_windows("vpn password", chunks, 1) == ["the vpn client"]
+
+
+async def test_a_repeated_documents_windows_are_cache_hits_whatever_the_query(
+    minilm: LocalBackend,
+) -> None:
+    # Five windows of eight words (step six); vpn is in the second only, password in the
+    # fourth, laptop in the fifth.
+    words = [f"filler{i:02d}" for i in range(30)]
+    words[9], words[21], words[27] = "vpn", "password", "laptop"
+    document = " ".join(words)
+    cut = windows(document, 8, 2)
+    recording = Recording(minilm)
+    batcher = MicroBatcher(recording, cache=Cache(64))
+    rule = ContextRule(window_words=8, overlap_words=2, windows_per_chunk=2)
+    scorer = RelevanceScorer(batcher, rule=rule, prefixes=("query: ", "passage: "))
+    await batcher.start()
+    try:
+        await scorer.score("vpn password", [document])
+        first = ["query: vpn password", f"passage: {cut[1]}", f"passage: {cut[3]}"]
+        assert sorted(recording.calls[-1]) == sorted(first)
+        await scorer.score("vpn laptop", ["  ", document])
+    finally:
+        await batcher.shutdown()
+    # The second window, cut and prefixed as before, came from the cache.
+    assert sorted(recording.calls[-1]) == sorted(["query: vpn laptop", f"passage: {cut[4]}"])
+    assert batcher.stats().cache.hits == 1
 
 
 async def test_by_default_a_long_chunk_embeds_only_the_window_bm25_ranks_best(

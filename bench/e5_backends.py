@@ -8,8 +8,8 @@ In one process, each backend loaded once, for:
   11 to 25 tokens);
 - **long** texts: the hard set's 64 long contexts, ``passage: `` and about 300 words or 600
   characters (237 to 363 tokens, inside one 512-token window);
-- **mixed**: the 964 texts the product embeds for the three sets (queries, and contexts cut
-  into its 64-word windows: 11 to 100 tokens), shuffled: what a busy scorer's batches hold;
+- **mixed**: the 964 texts of the three sets cut as the product cuts them (queries, and every
+  64-word window of the contexts: 11 to 100 tokens), shuffled: what a busy scorer's batches hold;
 
 each embedded in calls of 1 and of 64 texts (``Backend.embed``, on the backend's own model
 thread, as the scorer calls it). Reported per engine: texts per second (wall) and CPU seconds

@@ -273,7 +273,7 @@ def variant_report(
     for name, by_window in sims.items():
         for (size, overlap), windowed in by_window.items():
             for pooling, rule in POOLINGS.items():
-                product = ContextRule().max_windows
+                product = kept_windows(ContextRule())
                 for keep in dict.fromkeys((*(SELECTIONS if not quick else (0,)), product)):
                     if size == 0 and keep:
                         continue  # one window a chunk: nothing to select
@@ -296,7 +296,7 @@ def variant_report(
 
 def _variant(size: int, overlap: int, pooling: str, keep: int) -> str:
     cut = "chunks as given" if size == 0 else f"windows {size}/{overlap} words"
-    chosen = f", best {keep} windows by query terms" if keep else ""
+    chosen = f", best {keep} windows by BM25" if keep else ""
     return f"{cut}, {pooling}{chosen}"
 
 
@@ -307,7 +307,16 @@ def product_variant() -> str:
         "max": "max",
         "softmax": f"softmax T={rule.temperature:g}",
     }[rule.pooling]
-    return _variant(rule.window_words, rule.overlap_words, pooling, rule.max_windows)
+    return _variant(rule.window_words, rule.overlap_words, pooling, kept_windows(rule))
+
+
+def kept_windows(rule: ContextRule) -> int:
+    """Windows the rule keeps of a request of one chunk (every pair here); 0: all.
+
+    Of one chunk, the best ``windows_per_chunk`` and then the best ``max_windows`` by the
+    same BM25 scores (the chunk's windows are the request's): the smaller bound.
+    """
+    return min((k for k in (rule.windows_per_chunk, rule.max_windows) if k), default=0)
 
 
 def scheme_scores(raw: dict[str, Floats], rows: Rows) -> dict[str, Floats]:

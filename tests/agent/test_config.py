@@ -926,6 +926,7 @@ def _relevance_defaults(relevance: Relevance) -> dict[str, object]:
         "relevance.pooling": embeddings.pooling,
         "relevance.window_words": embeddings.window_words,
         "relevance.overlap_words": embeddings.overlap_words,
+        "relevance.windows_per_chunk": embeddings.windows_per_chunk,
         "relevance.max_windows": embeddings.max_windows,
         "relevance.top_k": embeddings.top_k,
         "relevance.cache_entries": embeddings.cache_entries,

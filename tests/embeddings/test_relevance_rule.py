@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from semhealth.embeddings.batcher import MicroBatcher
+from semhealth.embeddings.cache import Cache
 from semhealth.embeddings.config import Config
 from semhealth.embeddings.local import LocalBackend
 from semhealth.embeddings.relevance import (
@@ -78,6 +80,7 @@ def test_selection_keeps_the_chunks_sharing_most_query_terms_in_order() -> None:
         (ContextRule(temperature=0.0), "temperature"),
         (ContextRule(window_words=10, overlap_words=10), "overlap_words"),
         (ContextRule(max_windows=-1), "max_windows"),
+        (ContextRule(windows_per_chunk=-1), "windows_per_chunk"),
     ],
 )
 def test_a_bad_rule_is_refused_by_name(
@@ -99,7 +102,8 @@ async def test_the_scorer_windows_a_long_chunk_and_finds_its_relevant_part(
     long_chunk = filler + answer + " " + filler
     query = "How do I reset my password?"
     recording = Recording(minilm)
-    windowed = RelevanceScorer(recording, rule=ContextRule(window_words=40, overlap_words=10))
+    every = ContextRule(window_words=40, overlap_words=10, windows_per_chunk=0)
+    windowed = RelevanceScorer(recording, rule=every)
     whole = RelevanceScorer(minilm, rule=ContextRule(window_words=0, pooling="mean"))
     cut = await windowed.score(query, [long_chunk])
     given = await whole.score(query, [long_chunk])
@@ -111,7 +115,7 @@ async def test_the_scorer_windows_a_long_chunk_and_finds_its_relevant_part(
 
 async def test_selection_embeds_only_the_windows_it_keeps(minilm: LocalBackend) -> None:
     recording = Recording(minilm)
-    rule = ContextRule(window_words=5, overlap_words=0, max_windows=2)
+    rule = ContextRule(window_words=5, overlap_words=0, windows_per_chunk=0, max_windows=2)
     scorer = RelevanceScorer(recording, rule=rule)
     text = "one two three four five six seven reset nine ten eleven twelve password reset now"
     scores = await scorer.score("password reset", [text])
@@ -123,21 +127,76 @@ async def test_selection_embeds_only_the_windows_it_keeps(minilm: LocalBackend) 
 
 
 def test_the_config_sets_the_rule_and_names_a_bad_setting() -> None:
-    config = Config(pooling="softmax", window_words=32, overlap_words=8, max_windows=4, top_k=2)
+    config = Config(
+        pooling="softmax",
+        window_words=32,
+        overlap_words=8,
+        windows_per_chunk=3,
+        max_windows=4,
+        top_k=2,
+    )
     rule = ContextRule.of(config)
-    assert (rule.pooling, rule.window_words, rule.overlap_words, rule.max_windows, rule.top_k) == (
-        "softmax",
-        32,
-        8,
-        4,
-        2,
+    assert rule == ContextRule(
+        pooling="softmax",
+        window_words=32,
+        overlap_words=8,
+        windows_per_chunk=3,
+        max_windows=4,
+        top_k=2,
     )
     assert ContextRule.of(Config()) == ContextRule()
-    issues = Config(pooling="median", window_words=8, overlap_words=8, max_windows=-1).validate()
-    assert {issue.path for issue in issues} == {"pooling", "overlap_words", "max_windows"}
+    issues = Config(
+        pooling="median", window_words=8, overlap_words=8, windows_per_chunk=-1, max_windows=-1
+    ).validate()
+    assert {issue.path for issue in issues} == {
+        "pooling",
+        "overlap_words",
+        "windows_per_chunk",
+        "max_windows",
+    }
     assert any("max, mean, softmax" in issue.fix for issue in issues)
 
 
 def test_selection_weighs_a_query_term_few_windows_hold_above_one_most_hold() -> None:
     chunks = ["the password rules", "the password expiry", "the vpn client", "the password history"]
     assert select_windows("vpn password", chunks, 1) == ["the vpn client"]
+
+
+async def test_a_repeated_documents_windows_are_cache_hits_whatever_the_query(
+    minilm: LocalBackend,
+) -> None:
+    # Five windows of eight words (step six); vpn is in the second only, password in the
+    # fourth, laptop in the fifth.
+    words = [f"filler{i:02d}" for i in range(30)]
+    words[9], words[21], words[27] = "vpn", "password", "laptop"
+    document = " ".join(words)
+    cut = windows(document, 8, 2)
+    recording = Recording(minilm)
+    batcher = MicroBatcher(recording, cache=Cache(64))
+    rule = ContextRule(window_words=8, overlap_words=2, windows_per_chunk=2)
+    scorer = RelevanceScorer(batcher, rule=rule, prefixes=("query: ", "passage: "))
+    await batcher.start()
+    try:
+        await scorer.score("vpn password", [document])
+        first = ["query: vpn password", f"passage: {cut[1]}", f"passage: {cut[3]}"]
+        assert sorted(recording.calls[-1]) == sorted(first)
+        await scorer.score("vpn laptop", ["  ", document])
+    finally:
+        await batcher.shutdown()
+    # The second window, cut and prefixed as before, came from the cache.
+    assert sorted(recording.calls[-1]) == sorted(["query: vpn laptop", f"passage: {cut[4]}"])
+    assert batcher.stats().cache.hits == 1
+
+
+async def test_by_default_a_long_chunk_embeds_only_the_window_bm25_ranks_best(
+    minilm: LocalBackend,
+) -> None:
+    filler = "The cafeteria serves lunch from noon to two and closes early on public holidays. "
+    long_chunk = filler * 8 + "Reset your VPN password on the self-service portal. " + filler * 8
+    recording = Recording(minilm)
+    scorer = RelevanceScorer(recording, rule=ContextRule.of(Config()))
+    scores = await scorer.score("How do I reset my VPN password?", [long_chunk])
+    cut = windows(long_chunk, Config().window_words, Config().overlap_words)
+    assert len(cut) > 2
+    assert scores.chunks == 1
+    assert len(recording.calls[0]) == 2 and "VPN password" in recording.calls[0][1]

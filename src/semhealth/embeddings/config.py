@@ -299,13 +299,17 @@ class Config:
     top_k: int = 3  # pooling mean: context_relevance_score is the mean of the top-k similarities
     # The context rule (embeddings/relevance.py), best on the held-out split (the manual): chunks
     # longer than window_words words (CJK: characters) are cut into windows sharing
-    # overlap_words; at most max_windows of them, those scoring highest for the query by
-    # BM25, are embedded (0: all); their similarities to the query are pooled by max, mean (of the
-    # top_k) or softmax (a weighted mean leaning on the best).
+    # overlap_words; of each chunk's windows the windows_per_chunk scoring highest for the
+    # query by BM25 are kept, and of the request's at most max_windows (0: all); their
+    # similarities to the query are pooled by max, mean (of the top_k) or softmax (a weighted
+    # mean leaning on the best).
     pooling: str = "max"
     window_words: int = 64  # 0: chunks as given
     overlap_words: int = 16
-    max_windows: int = 16  # bounds one request's embedding work, however long its context
+    # A long chunk's best window by BM25 ranks the labelled long contexts as well as all its
+    # windows do, at a quarter of the CPU (the manual); chunks of one window keep it.
+    windows_per_chunk: int = 1
+    max_windows: int = 16  # bounds one request's embedding work, however many its chunks
 
     def validate(self) -> list[ConfigIssue]:
         issues = [
@@ -313,6 +317,7 @@ class Config:
             *_at_least("top_k", self.top_k, 1),
             *_at_least("window_words", self.window_words, 0),
             *_at_least("overlap_words", self.overlap_words, 0),
+            *_at_least("windows_per_chunk", self.windows_per_chunk, 0),
             *_at_least("max_windows", self.max_windows, 0),
         ]
         if self.pooling not in POOLINGS:

@@ -7,9 +7,10 @@ answer. Rows are L2-normalised, so cosine similarity is a dot product.
 The rule (README, "Relevance profiles", every variant measured on the held-out split):
 a chunk longer than ``window_words`` is cut into overlapping windows, because an encoder
 reads only its first few hundred tokens and a long chunk's one relevant paragraph is
-otherwise diluted or cut off; ``max_windows`` keeps only the windows that score highest
-for the query by BM25 over the request's own windows (query-aware selection, which bounds
-the cost of a very long context; cutting never reads the query, so a repeated document's
+otherwise diluted or cut off; of a chunk's windows only the ``windows_per_chunk`` that score
+highest for the query by BM25 over that chunk's windows are kept, and of the request's,
+the ``max_windows`` that score highest over the request's (query-aware selection, which
+bounds the cost of a long context; cutting never reads the query, so a repeated document's
 windows are the same texts, and cache hits, whatever the query); and
 the similarities are pooled by the mean of the top ``top_k``, their maximum, or a
 softmax-weighted mean.
@@ -64,7 +65,11 @@ class ContextRule:
     temperature: float = 0.05  # softmax: lower leans on the best chunk, higher on the mean
     window_words: int = 64  # a chunk longer than this is cut into windows; 0: never
     overlap_words: int = 16  # words two neighbouring windows share
-    max_windows: int = 16  # embed only the windows scoring highest by BM25 for the query; 0: all
+    # A chunk cut into more windows than this keeps those scoring highest for the query by
+    # BM25; 0: all. One: on the labelled long contexts, as good as every window at a quarter
+    # of the CPU (bench/long_context.py), and a request of short chunks keeps them all.
+    windows_per_chunk: int = 1
+    max_windows: int = 16  # then, of the request's windows, those scoring highest; 0: all
 
     @classmethod
     def of(cls, config: Config) -> ContextRule:
@@ -74,6 +79,7 @@ class ContextRule:
             pooling=config.pooling,
             window_words=config.window_words,
             overlap_words=config.overlap_words,
+            windows_per_chunk=config.windows_per_chunk,
             max_windows=config.max_windows,
         )
 
@@ -85,8 +91,8 @@ class ContextRule:
             problems.append(f"pooling must be one of {', '.join(POOLINGS)}, not {self.pooling!r}")
         if not self.temperature > 0:
             problems.append(f"temperature must be more than 0, not {self.temperature}")
-        if self.window_words < 0 or self.max_windows < 0:
-            problems.append("window_words and max_windows must be 0 or more")
+        if min(self.window_words, self.windows_per_chunk, self.max_windows) < 0:
+            problems.append("window_words, windows_per_chunk and max_windows must be 0 or more")
         if self.window_words and not 0 <= self.overlap_words < self.window_words:
             problems.append("overlap_words must be 0 or more and less than window_words")
         return problems
@@ -294,10 +300,19 @@ class RelevanceScorer:
         )
 
     def chunks(self, query: str, context_chunks: Sequence[str]) -> list[str]:
-        """The texts compared with the query: non-blank chunks, windowed, then selected."""
+        """The texts compared with the query: non-blank chunks, windowed, selected per chunk,
+        then across the request."""
         rule = self.rule
         kept = [chunk for chunk in context_chunks if chunk.strip()]
-        cut = [w for chunk in kept for w in windows(chunk, rule.window_words, rule.overlap_words)]
+        cut = [
+            window
+            for chunk in kept
+            for window in select_windows(
+                query,
+                windows(chunk, rule.window_words, rule.overlap_words),
+                rule.windows_per_chunk,
+            )
+        ]
         return select_windows(query, cut, rule.max_windows)
 
     def batchers(self) -> tuple[MicroBatcher, ...]:

@@ -11,7 +11,8 @@ In one run, on this machine:
   queue fills and answers RESOURCE_EXHAUSTED, which a sidecar sheds and counts.
 
 Reported: texts per second through the scorer against the large encode (the ratio),
-per-record latency, records shed, and the scorer's CPU per 1,000 texts (Linux schedstat).
+per-record latency, records shed, the scorer's CPU per 1,000 texts (Linux schedstat), and
+its resident memory after each phase (and 3 s after it, idle).
 The scorer is a subprocess (``semhealth scorer``), as in production; the simulated sidecars
 share this process and the same cores, so the figures are a floor for the scorer.
 
@@ -23,7 +24,9 @@ always waiting on one call, deadlines far away), then ``--sidecars`` callers eac
 5-text calls with ``--deadline-s`` deadlines, open loop (whatever comes back), at 1x and 2x
 that capacity for ``--seconds`` each. Reported per phase: goodput (texts answered in the
 window) against capacity, and how calls ended: OK, RESOURCE_EXHAUSTED (shed by the
-scorer), DEADLINE_EXCEEDED, other; then the scorer's own counters (/metrics) and RSS.
+scorer), DEADLINE_EXCEEDED, other; then the scorer's own counters (/metrics), and its
+resident memory at ready and after each of the five waves (warm-up, capacity, 1x, 2x,
+capacity again), each read at the wave's end and again after 3 s idle.
 The callers are the sidecars' remote backends (what each sidecar's batcher calls).
 
     python bench/fleet_scorer.py --overload --sidecars 50 --seconds 20
@@ -51,6 +54,7 @@ from semhealth.embeddings import EmbeddingError, Overloaded, Scorer, open_scorer
 from semhealth.embeddings.config import Config, Encoder, Remote
 from semhealth.embeddings.remote_scorer import RemoteScorerBackend
 
+IDLE_S = 3.0  # after a phase, before the idle RSS: the scorer trims its heap 1 s after a call
 RECORD_KIND = Kind("record", words=(8, 40), texts=0, sequential=0)
 SCORER_CONFIG = """\
 relevance:
@@ -70,6 +74,7 @@ class Phase:
     latencies_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
     scorer_cpu_ns: int = 0
+    rss: tuple[float, float] = (float("nan"), float("nan"))  # MiB at its end, and 3 s after
 
     @property
     def texts(self) -> int:
@@ -174,6 +179,15 @@ async def run_phase(
     await asyncio.gather(*(sidecar(index) for index in range(sidecars)))
     phase.seconds = time.perf_counter() - start
     phase.scorer_cpu_ns = process_cpu_ns(pid) - cpu_before
+    phase.rss = await rss_after(pid)
+
+
+async def rss_after(pid: int) -> tuple[float, float]:
+    """The scorer's RSS in MiB now, and after it has idled for ``IDLE_S``: the heap its
+    model's calls freed is given back once they stop, so the second is its floor."""
+    now = rss_mib(pid)
+    await asyncio.sleep(IDLE_S)
+    return now, rss_mib(pid)
 
 
 def large_encode_rate(texts: list[str]) -> float:
@@ -192,14 +206,22 @@ def large_encode_rate(texts: list[str]) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
-def report(phases: list[Phase], ceiling: float, sidecars: int, rate: float, in_flight: int) -> None:
+def report(
+    phases: list[Phase],
+    ceiling: float,
+    sidecars: int,
+    rate: float,
+    in_flight: int,
+    rss_ready: float,
+) -> None:
     print(f"one large encode (this process, 2 threads): {ceiling:,.0f} texts/s")
     print()
     print(
         f"| phase ({sidecars} sidecars) | records scored | shed | errors | texts/s "
-        "| x one large encode | latency p50 / p99 ms | scorer CPU ms per 1,000 texts |"
+        "| x one large encode | latency p50 / p99 ms | scorer CPU ms per 1,000 texts "
+        "| scorer RSS MiB at the end / idle |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for phase in phases:
         rate_s = phase.texts / phase.seconds if phase.seconds else 0.0
         lat = sorted(phase.latencies_s)
@@ -208,9 +230,11 @@ def report(phases: list[Phase], ceiling: float, sidecars: int, rate: float, in_f
         cpu = phase.scorer_cpu_ns / 1e6 / max(phase.texts, 1) * 1000
         print(
             f"| {phase.name} | {phase.records:,} | {phase.shed:,} | {phase.errors} | "
-            f"{rate_s:,.0f} | {rate_s / ceiling:.2f} | {p50:.1f} / {p99:.1f} | {cpu:,.0f} |"
+            f"{rate_s:,.0f} | {rate_s / ceiling:.2f} | {p50:.1f} / {p99:.1f} | {cpu:,.0f} | "
+            f"{phase.rss[0]:,.0f} / {phase.rss[1]:,.0f} |"
         )
     print()
+    print(f"scorer RSS at ready: {rss_ready:,.0f} MiB")
     print(
         f"steady: each sidecar {rate:g} records/s (3 texts each), one at a time; overload: as "
         f"fast as it can, {in_flight} records at once per sidecar"
@@ -233,7 +257,9 @@ async def main(args: argparse.Namespace) -> None:
     scorer = start_scorer(port, handle.name)
     try:
         await wait_scoring(port)
-        await run_phase(Phase("warm-up"), port, args.sidecars, warm, None, scorer.pid)
+        rss_ready = rss_mib(scorer.pid)
+        warming = Phase("warm-up")
+        await run_phase(warming, port, args.sidecars, warm, None, scorer.pid)
         steady = Phase("steady")
         await run_phase(steady, port, args.sidecars, records, args.rate, scorer.pid)
         overload = Phase("overload")
@@ -244,7 +270,9 @@ async def main(args: argparse.Namespace) -> None:
         os.unlink(handle.name)
     # A busy machine slows one encode too: the faster of two, before and after the fleet.
     ceiling = max(before, large_encode_rate(texts))
-    report([steady, overload], ceiling, args.sidecars, args.rate, args.in_flight)
+    report(
+        [warming, steady, overload], ceiling, args.sidecars, args.rate, args.in_flight, rss_ready
+    )
 
 
 # -- --overload: admission under 1x and 2x the scorer's capacity -------------------------------
@@ -372,8 +400,11 @@ async def overload_main(args: argparse.Namespace) -> None:
     try:
         await wait_scoring(port)
         rss_ready = rss_mib(scorer.pid)
+        waves: list[tuple[str, tuple[float, float]]] = []
         await capacity(port, texts, 8, 5.0)  # warm
+        waves.append(("warm-up", await rss_after(scorer.pid)))
         cap = await capacity(port, texts, args.sidecars, args.seconds / 2)
+        waves.append(("capacity", await rss_after(scorer.pid)))
         rows = []
         for factor in (1.0, 2.0):
             before = scrape(metrics_port)
@@ -385,8 +416,9 @@ async def overload_main(args: argparse.Namespace) -> None:
                 k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)
             }
             rows.append((factor, ends, moved))
+            waves.append((f"{factor:g}x", await rss_after(scorer.pid)))
         cap_after = await capacity(port, texts, args.sidecars, args.seconds / 2)
-        rss_end = rss_mib(scorer.pid)
+        waves.append(("capacity again", await rss_after(scorer.pid)))
     finally:
         scorer.terminate()
         scorer.wait(30)
@@ -413,7 +445,13 @@ async def overload_main(args: argparse.Namespace) -> None:
         shown = {k: int(v) for k, v in sorted(moved.items())
                  if ("_total" in k or k.endswith("_count{}")) and "bucket" not in k}  # fmt: skip
         print(f"scorer counters at {factor:g}x: {shown}")
-    print(f"scorer RSS: {rss_ready:,.0f} MiB at ready, {rss_end:,.0f} MiB at the end")
+    print()
+    print(f"scorer RSS: {rss_ready:,.0f} MiB at ready")
+    print()
+    print("| wave | scorer RSS MiB at its end | after 3 s idle |")
+    print("| --- | ---: | ---: |")
+    for name, (end, idle) in waves:
+        print(f"| {name} | {end:,.0f} | {idle:,.0f} |")
 
 
 def parse_args() -> argparse.Namespace:

@@ -20,7 +20,8 @@ Reported: client-visible errors (must be 0), what the agent shed by stage, resid
 and open file descriptors of the forwarding and analysis processes over time (flat: under
 5 % growth after the warm-up), the admin probe's latency (the forwarding process answers
 ``/healthz`` on its own event loop, so its tail is that loop's lag under load), and records
-produced against streams completed. The last line reads
+produced against streams completed (a stream that ends while ``limits.tap_queue_ends`` ends
+wait for analysis gets none, counted). The last line reads
 ``soak: <streams> streams, <errors> client-visible errors, RSS growth <pct>%``; the exit
 status is 1 when there were errors or when either process's RSS grew by 5 % or more after
 the warm-up.
@@ -403,10 +404,13 @@ def report(
     """Print the report; the worst RSS growth after the warm-up, in percent."""
     ended = tally.completed + tally.aborted
     records = metrics.get("semhealth_records_total", 0.0)
+    unrecorded = metrics.get("semhealth_dropped_total{records}", 0.0)
     print(f"streams completed {tally.completed}, aborted by the client {tally.aborted}")
     print(f"client-visible errors: {tally.error_count} {tally.errors or ''}".rstrip())
     print(
-        f"records produced {records:.0f} for {ended} streams ended ({records / max(ended, 1):.3f})"
+        f"records produced {records:.0f} for {ended} streams ended "
+        f"({records / max(ended, 1):.3f}); {unrecorded:.0f} ended while the tap's budget of "
+        "ends was full (no record, counted)"
     )
     shed = {k: v for k, v in metrics.items() if k.startswith("semhealth_dropped_total")}
     stages = ", ".join(

@@ -1,12 +1,14 @@
 """A model that runs on one dedicated thread: one call at a time, never on the event loop.
 
 The local sentence-transformers backend and the USE backend differ in how they load and
-encode; the thread, the closed state and error translation around each call are this.
+encode; the thread, the closed state and error translation around each call are this, and
+giving back the heap the calls freed (``_heap``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -15,6 +17,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from semhealth.common.threadcpu import name_os_thread
+from semhealth.embeddings._heap import HeapTrim, process_trim
 from semhealth.embeddings.backend import Vectors
 from semhealth.embeddings.config import EMBEDDING_THREADS
 from semhealth.embeddings.errors import BackendError
@@ -41,12 +44,15 @@ class ModelThread(Generic[M]):
         encode: Callable[[M, list[str]], Vectors],
         translate: Callable[[Exception, int], BackendError],
         what: str,
+        heap: HeapTrim | None = None,
     ) -> None:
         self._model: M | None = model
         self._executor = executor
         self._encode = encode
         self._translate = translate
         self._what = what  # "the local backend": for the closed error
+        self._heap = heap if heap is not None else HeapTrim(process_trim())
+        self._idle: asyncio.TimerHandle | None = None
 
     @classmethod
     def loading(
@@ -79,10 +85,34 @@ class ModelThread(Generic[M]):
             return await loop.run_in_executor(self._executor, self._encode, model, list(texts))
         except Exception as exc:
             raise self._translate(exc, len(texts)) from exc
+        finally:
+            self._called(loop)
+
+    def _called(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._heap.after_call():
+            self._trim()
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = loop.call_later(self._heap.idle_s, self._trim_when_idle)
+
+    def _trim_when_idle(self) -> None:
+        self._idle = None
+        if self._heap.when_idle():
+            self._trim()
+
+    def _trim(self) -> None:
+        """On the model thread, after the call that ended: the caller has its vectors."""
+        if self._model is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the executor shut down meanwhile
+            self._executor.submit(self._heap.trim)
 
     async def close(self) -> None:
         if self._model is None:
             return
         self._model = None
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         # Waits for a call already running on the model thread, off the event loop.
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)

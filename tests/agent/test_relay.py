@@ -235,17 +235,34 @@ async def test_bytes_after_the_terminating_chunk_in_the_same_read_never_reach_th
     assert through == head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body
 
 
-async def test_bytes_after_a_chunked_end_split_over_two_reads_never_reach_the_client() -> None:
-    # The chunked body's closing CRLF CRLF begins in one read and ends in the next, whose
-    # other bytes are nobody's.
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
+async def test_bytes_after_a_chunked_end_split_over_two_reads_never_reach_the_client(
+    cut: int,
+) -> None:
+    # The closing CRLF CRLF of the chunked body, after its trailer, cut after ``cut`` of its
+    # bytes: the read that ends it also holds bytes that are nobody's.
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    steps: list[bytes | float | None] = [head + b"2\r\nok\r\n0\r\n", 0.05, b"\r\nnot a response"]
+    body = b"2\r\nok\r\n0\r\nX-Digest: d\r\n\r\n"
+    whole = head + body + b"not a response"
+    at = len(head + body) - 4 + cut
+    steps: list[bytes | float | None] = [whole[:at], 0.05, whole[at:]]
     async with raw_upstream(lambda _: steps) as up:
         async with running_stack(
             lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
         ) as stack:
             through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
-    assert through.endswith(b"\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+    assert through.endswith(b"\r\n\r\n" + body)
+
+
+async def test_bytes_after_a_content_length_body_over_two_reads_never_reach_the_client() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
+    steps: list[bytes | float | None] = [head + b"ab", 0.05, b"cHTTP/1.1 200 OK\r\n\r\n"]
+    async with raw_upstream(lambda _: steps) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through.endswith(b"\r\n\r\nabc")
 
 
 async def test_bytes_after_a_chunked_end_split_over_three_reads_never_reach_the_client() -> None:

@@ -509,8 +509,8 @@ class _Exchange:
                 # The read that carried the head: the bytes after it are the body's.
                 data = self.head_buf[self.head_pos : len(self.head_buf) - size + fed]
                 self.head_buf = b""
-            elif fed < size:
-                data = data[:fed]
+            else:
+                data = data[:fed]  # the same object when it is all of it: no copy
             if self.passthrough:
                 if data:
                     self.client.write(data)
@@ -532,22 +532,21 @@ class _Exchange:
 
         Nothing after the end is parsed. A Content-Length body ends at its length; a head
         and a chunked body can only end where a CRLF CRLF ends (llhttp takes no bare LF),
-        so ``data`` goes to the parser in pieces cut there, and the end is between two.
+        so ``data`` goes to the parser in pieces cut there, and the end is between two (a
+        body that ends with the connection is cut there too, which changes nothing).
         """
         parser = self.parser
         assert parser is not None
         fed, size = 0, len(data)
         while fed < size and self.upstream_framing != "done":
-            if self.upstream_framing == "close":
-                end = size
-            elif self.upstream_framing == "length":
+            if self.upstream_framing == "length":
                 end = min(size, fed + self.length_left)
                 self.length_left -= end - fed
             else:
                 end = self._past_crlfcrlf(data, fed)
-            parser.feed_data(data if end - fed == size else data[fed:end])
+            parser.feed_data(data[fed:end])  # all of data is data itself: no copy
             fed = end
-        self.tail = data[-3:] if size >= 3 else (self.tail + data)[-3:]
+        self.tail = (self.tail + data[-3:])[-3:]
         return fed
 
     def _past_crlfcrlf(self, data: bytes, start: int) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from semhealth.agent.demo.simulator import RawScript
 from tests.agent.conftest import running_stack
 from tests.agent.test_relay import exchange_raw, raw_upstream
-from tests.agent.test_relay_mutants import _marked, bare_relay, relay_before
+from tests.agent.test_relay_mutants import _Capture, _marked, bare_relay, relay_before, reset
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -79,6 +79,28 @@ async def test_a_target_whose_scheme_separator_ends_past_its_16th_byte_is_refuse
         )
     assert reply.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
     assert up.requests == []
+
+
+async def test_an_absolute_form_request_without_a_path_goes_upstream_for_the_root() -> None:
+    async with relay_before(lambda _: [OK]) as (up, _stack, host, port):
+        await exchange_raw(
+            host, port, b"GET http://example.com HTTP/1.1\r\nHost: example.com\r\n\r\n", until=b"ok"
+        )
+    assert up.requests[0].startswith(b"GET / HTTP/1.1\r\n")
+
+
+async def test_a_chunked_request_goes_upstream_with_the_relays_head_exactly() -> None:
+    async with relay_before(lambda _: [OK]) as (up, _stack, host, port):
+        await exchange_raw(
+            host,
+            port,
+            b"POST /v1/x HTTP/1.1\r\nHost: client\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n"
+            b"\r\n2\r\n{}\r\n0\r\n\r\n",
+            until=b"ok",
+        )
+    authority = up.url.removeprefix("http://").encode()
+    head = b"POST /v1/x HTTP/1.1\r\nHost: %s\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert up.requests[0] == head % authority  # the chunks follow; raw_upstream keeps the head
 
 
 # --------------------------------------------------------------------------- framing headers
@@ -290,6 +312,35 @@ async def test_a_replayable_request_over_64_kib_in_pieces_is_never_sent_again() 
                 writer.close()
     assert reply.startswith(b"HTTP/1.1 502 ")
     assert len(up.requests) == 2
+
+
+async def test_a_request_whose_new_upstream_connection_is_dropped_is_never_sent_again() -> None:
+    # Only a pooled connection may have gone stale; a new one dropped is the upstream's 502.
+    async with relay_before(lambda _: [None]) as (up, _stack, host, port):
+        reply = await exchange_raw(host, port, CLOSE_GET)
+    assert reply.startswith(b"HTTP/1.1 502 ")
+    assert len(up.requests) == 1
+
+
+async def test_requests_pipelined_behind_one_whose_client_is_gone_mid_response_never_begin() -> (
+    None
+):
+    # Reading is paused behind a pipelined request, so the reset shows when the relay next
+    # writes to the client: mid-body here, with the rest of the body still to come.
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    capture = _Capture()
+    async with raw_upstream(lambda _: [head + b"he", 1.0, b"ll", 1.0, b"o"]) as up:
+        async with bare_relay(up.url, tap=capture) as (relay, host, port):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\nhe"), 5.0)
+            reset(writer)
+            for _ in range(500):
+                if capture.outcomes:
+                    break
+                await asyncio.sleep(0.01)
+            assert [outcome.client_aborted for outcome in capture.outcomes] == [True]
+            assert relay.stats.requests == 1
 
 
 @dataclass

@@ -600,7 +600,8 @@ class _Exchange:
         if not parser.should_keep_alive():
             self.upstream_reusable = False
         if request.method == b"HEAD" or status in (204, 304):
-            self.upstream_framing = "none"
+            # Nothing follows the head: the parser may not wait for a body.
+            self.upstream_framing = "done"
         elif chunked:
             self.upstream_framing = "chunked"
             if request.http10:
@@ -622,9 +623,6 @@ class _Exchange:
         extra = (b"Connection: close\r\n",) if self.close_client else ()
         self.client.write(_head(status, reason, headers, extra, drop))
         self._open_stream(status, headers)
-        if self.upstream_framing == "none":
-            # Nothing follows the head (HEAD, 204, 304): do not let the parser wait for a body.
-            self.upstream_framing = "done"
 
     def _open_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         request = self.request

@@ -106,6 +106,9 @@ async def exchange_raw(
         writer.close()
 
 
+_CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
 def _hostport(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").split(":")
     return host, int(port)
@@ -147,6 +150,22 @@ async def test_chunk_extensions_and_trailers_reach_the_client_as_sent() -> None:
             reply = await exchange_raw(host, port, request)
             assert reply.endswith(body)
             assert b"Trailer: X-Checksum\r\n" in reply
+
+
+async def test_a_chunked_sse_body_with_crlf_line_ends_read_after_each_event_arrives_whole() -> None:
+    # Each read ends with an event's CRLF CRLF and the next begins with its chunk's CRLF:
+    # no end of the body, though they look like one.
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    event = b"data: x\r\n\r\n"
+    reads = [b"b\r\n" + event, b"\r\nb\r\n" + event, b"\r\n0\r\n\r\n"]
+    async with raw_upstream(lambda _: [head + reads[0], 0.05, reads[1], 0.05, reads[2]]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reply = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert reply.endswith(b"\r\n\r\n" + b"".join(reads))
 
 
 async def test_http10_client_gets_the_body_unchunked_on_a_closing_connection() -> None:
@@ -206,9 +225,6 @@ async def test_a_response_the_upstream_sends_after_the_final_one_never_reaches_t
             await stack.wait_records(1)
     assert through == b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
     assert [record.status for record in stack.records] == [204]
-
-
-_CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
 async def test_bytes_after_a_content_length_body_in_the_same_read_never_reach_the_client() -> None:

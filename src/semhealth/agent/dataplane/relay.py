@@ -349,7 +349,7 @@ class _Exchange:
         self.upstream_reusable = True
         self.upstream_framing = "none"  # none | length | chunked | close, then done
         self.length_left = 0  # of a Content-Length body, the bytes not yet parsed
-        self.tail = b""  # the last 3 bytes parsed, for a CRLF CRLF that straddles two reads
+        self.tail = b""  # the bytes parsed last (3 or more), for a CRLF CRLF over two reads
         self.finished = False
         self.pieces: list[bytes] = []
         self.last_read_ns = 0  # the read timer compares with this; one clock read per chunk
@@ -546,16 +546,18 @@ class _Exchange:
                 end = self._past_crlfcrlf(data, fed)
             parser.feed_data(data[fed:end])  # all of data is data itself: no copy
             fed = end
-        self.tail = (self.tail + data[-3:])[-3:]
+        # Kept for a CRLF CRLF the next read may end: a reference, copied only when short.
+        self.tail = data if size >= 3 else (self.tail + data)[-3:]
         return fed
 
     def _past_crlfcrlf(self, data: bytes, start: int) -> int:
         """Where the first CRLF CRLF at or after ``start`` ends in ``data`` (its length if
         none does), one that began in the read before included."""
-        if start == 0:
-            found = (self.tail + data[:3]).find(b"\r\n\r\n")
+        if start == 0 and data[0] in b"\r\n":
+            before = self.tail[-3:]
+            found = (before + data[:3]).find(b"\r\n\r\n")
             if found >= 0:
-                return found + 4 - len(self.tail)
+                return found + 4 - len(before)
         found = data.find(b"\r\n\r\n", start)
         return len(data) if found < 0 else found + 4
 

@@ -9,6 +9,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import pytest
+
+from semhealth.agent.dataplane.relay import ListenSettings
 from semhealth.agent.demo.simulator import RawScript
 from tests.agent.conftest import running_stack
 from tests.agent.test_relay import exchange_raw, raw_upstream
@@ -198,6 +201,45 @@ async def test_each_request_is_counted_once() -> None:
             await exchange_raw(host, port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + CLOSE_GET)
             await exchange_raw(host, port, CLOSE_GET)
             assert relay.stats.requests == 3
+
+
+async def test_each_connection_idling_out_unused_is_counted_and_none_that_served_a_request() -> (
+    None
+):
+    listen = ListenSettings(keepalive_timeout_s=0.3)
+    async with raw_upstream(lambda _: [OK]) as up:
+        async with bare_relay(up.url, listen=listen) as (relay, host, port):
+            silent = [await asyncio.open_connection(host, port) for _ in range(2)]
+            used_reader, used_writer = await asyncio.open_connection(host, port)
+            used_writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive
+            await asyncio.wait_for(used_reader.readuntil(b"\r\n\r\nok"), 5.0)
+            for reader, _ in [*silent, (used_reader, used_writer)]:
+                assert await asyncio.wait_for(reader.read(), 5.0) == b""  # idled out
+            for _, writer in [*silent, (used_reader, used_writer)]:
+                writer.close()
+            assert relay.stats.rejected == {"idle_timeout": 2}
+
+
+async def test_a_refused_connection_whose_client_never_closes_is_ended_after_its_linger() -> None:
+    # Past max_client_connections the relay answers, shuts its side and reads what the
+    # client still sends for a while (2 s), so the answer is read; then it lets go.
+    listen = ListenSettings(max_client_connections=1)
+    async with raw_upstream(lambda _: [OK]) as up:
+        async with bare_relay(up.url, listen=listen) as (_relay, host, port):
+            _, held = await asyncio.open_connection(host, port)
+            await asyncio.sleep(0.05)  # accepted before the next one comes
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                reply = await asyncio.wait_for(reader.read(), 5.0)
+                assert reply.startswith(b"HTTP/1.1 503 ")
+                with pytest.raises(ConnectionError):  # it keeps writing; the relay is gone
+                    for _ in range(50):  # 10 s at most, five times the linger
+                        writer.write(b"still here")
+                        await asyncio.wait_for(writer.drain(), 5.0)
+                        await asyncio.sleep(0.2)
+            finally:
+                writer.close()
+                held.close()
 
 
 # --------------------------------------------------------------------------- a connection's life
@@ -443,3 +485,35 @@ async def test_an_upstream_that_stops_reading_pushes_back_on_the_clients_request
     # Socket buffers on two loopback hops (autotuned up to several MiB each) and the
     # transports' 64 KiB watermarks; a relay that kept reading would take all 128 MiB.
     assert written < 40 * 1024 * 1024, f"the client got {written} bytes ahead"
+
+
+async def test_an_upstream_that_resumes_reading_gets_the_whole_request_body() -> None:
+    # The back-pressure above is let go of: once the upstream reads again, the client's body
+    # flows again, to its end.
+    body = b"r" * (16 * 1024 * 1024)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(0.5)  # not reading: the relay's buffers toward it fill
+        got = await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d" % (len(str(len(got))), len(got))
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with bare_relay(url) as (_relay, host, port):
+            reply = await exchange_raw(
+                host,
+                port,
+                b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                % len(body)
+                + body,
+                timeout_s=20.0,
+            )
+    finally:
+        server.close()
+    assert reply.endswith(b"\r\n\r\n%d" % len(body))

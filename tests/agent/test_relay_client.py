@@ -166,6 +166,30 @@ async def test_a_response_without_a_reason_phrase_reaches_the_client_with_none()
     assert reply == b"HTTP/1.1 200 \r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 
 
+async def test_an_answer_that_comes_before_the_request_body_is_whole_closes_the_connection() -> (
+    None
+):
+    # The rest of the body has nowhere to go, and the next request cannot be found after it.
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # and answers at once, as a 413 would
+        writer.write(OK)
+        await writer.drain()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with bare_relay(url) as (_relay, host, port):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                reply = await asyncio.wait_for(reader.read(), 5.0)
+            finally:
+                writer.close()
+    finally:
+        server.close()
+    assert reply == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
 # --------------------------------------------------------------------------- the local front
 
 

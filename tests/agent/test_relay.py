@@ -106,6 +106,9 @@ async def exchange_raw(
         writer.close()
 
 
+_CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
 def _hostport(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").split(":")
     return host, int(port)
@@ -147,6 +150,22 @@ async def test_chunk_extensions_and_trailers_reach_the_client_as_sent() -> None:
             reply = await exchange_raw(host, port, request)
             assert reply.endswith(body)
             assert b"Trailer: X-Checksum\r\n" in reply
+
+
+async def test_a_chunked_sse_body_with_crlf_line_ends_read_after_each_event_arrives_whole() -> None:
+    # Each read ends with an event's CRLF CRLF and the next begins with its chunk's CRLF:
+    # no end of the body, though they look like one.
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    event = b"data: x\r\n\r\n"
+    reads = [b"b\r\n" + event, b"\r\nb\r\n" + event, b"\r\n0\r\n\r\n"]
+    async with raw_upstream(lambda _: [head + reads[0], 0.05, reads[1], 0.05, reads[2]]) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            reply = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert reply.endswith(b"\r\n\r\n" + b"".join(reads))
 
 
 async def test_http10_client_gets_the_body_unchunked_on_a_closing_connection() -> None:
@@ -208,9 +227,6 @@ async def test_a_response_the_upstream_sends_after_the_final_one_never_reaches_t
     assert [record.status for record in stack.records] == [204]
 
 
-_CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-
-
 async def test_bytes_after_a_content_length_body_in_the_same_read_never_reach_the_client() -> None:
     # The response ends at its length, as nginx and Envoy end it: a second answer the
     # upstream wrote with it is nobody's.
@@ -235,17 +251,34 @@ async def test_bytes_after_the_terminating_chunk_in_the_same_read_never_reach_th
     assert through == head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body
 
 
-async def test_bytes_after_a_chunked_end_split_over_two_reads_never_reach_the_client() -> None:
-    # The chunked body's closing CRLF CRLF begins in one read and ends in the next, whose
-    # other bytes are nobody's.
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
+async def test_bytes_after_a_chunked_end_split_over_two_reads_never_reach_the_client(
+    cut: int,
+) -> None:
+    # The closing CRLF CRLF of the chunked body, after its trailer, cut after ``cut`` of its
+    # bytes: the read that ends it also holds bytes that are nobody's.
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    steps: list[bytes | float | None] = [head + b"2\r\nok\r\n0\r\n", 0.05, b"\r\nnot a response"]
+    body = b"2\r\nok\r\n0\r\nX-Digest: d\r\n\r\n"
+    whole = head + body + b"\r\nnot a response"  # a CRLF first: the parser would skip it
+    at = len(head + body) - 4 + cut
+    steps: list[bytes | float | None] = [whole[:at], 0.05, whole[at:]]
     async with raw_upstream(lambda _: steps) as up:
         async with running_stack(
             lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
         ) as stack:
             through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
-    assert through.endswith(b"\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+    assert through.endswith(b"\r\n\r\n" + body)
+
+
+async def test_bytes_after_a_content_length_body_over_two_reads_never_reach_the_client() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
+    steps: list[bytes | float | None] = [head + b"ab", 0.05, b"cHTTP/1.1 200 OK\r\n\r\n"]
+    async with raw_upstream(lambda _: steps) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    assert through.endswith(b"\r\n\r\nabc")
 
 
 async def test_bytes_after_a_chunked_end_split_over_three_reads_never_reach_the_client() -> None:

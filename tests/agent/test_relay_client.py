@@ -9,10 +9,13 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import pytest
+
+from semhealth.agent.dataplane.relay import ListenSettings
 from semhealth.agent.demo.simulator import RawScript
 from tests.agent.conftest import running_stack
 from tests.agent.test_relay import exchange_raw, raw_upstream
-from tests.agent.test_relay_mutants import _marked, bare_relay, relay_before
+from tests.agent.test_relay_mutants import _Capture, _marked, bare_relay, relay_before, reset
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -81,6 +84,28 @@ async def test_a_target_whose_scheme_separator_ends_past_its_16th_byte_is_refuse
     assert up.requests == []
 
 
+async def test_an_absolute_form_request_without_a_path_goes_upstream_for_the_root() -> None:
+    async with relay_before(lambda _: [OK]) as (up, _stack, host, port):
+        await exchange_raw(
+            host, port, b"GET http://example.com HTTP/1.1\r\nHost: example.com\r\n\r\n", until=b"ok"
+        )
+    assert up.requests[0].startswith(b"GET / HTTP/1.1\r\n")
+
+
+async def test_a_chunked_request_goes_upstream_with_the_relays_head_exactly() -> None:
+    async with relay_before(lambda _: [OK]) as (up, _stack, host, port):
+        await exchange_raw(
+            host,
+            port,
+            b"POST /v1/x HTTP/1.1\r\nHost: client\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n"
+            b"\r\n2\r\n{}\r\n0\r\n\r\n",
+            until=b"ok",
+        )
+    authority = up.url.removeprefix("http://").encode()
+    head = b"POST /v1/x HTTP/1.1\r\nHost: %s\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert up.requests[0] == head % authority  # the chunks follow; raw_upstream keeps the head
+
+
 # --------------------------------------------------------------------------- framing headers
 
 
@@ -141,6 +166,30 @@ async def test_a_response_without_a_reason_phrase_reaches_the_client_with_none()
     assert reply == b"HTTP/1.1 200 \r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 
 
+async def test_an_answer_that_comes_before_the_request_body_is_whole_closes_the_connection() -> (
+    None
+):
+    # The rest of the body has nowhere to go, and the next request cannot be found after it.
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # and answers at once, as a 413 would
+        writer.write(OK)
+        await writer.drain()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with bare_relay(url) as (_relay, host, port):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                reply = await asyncio.wait_for(reader.read(), 5.0)
+            finally:
+                writer.close()
+    finally:
+        server.close()
+    assert reply == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
 # --------------------------------------------------------------------------- the local front
 
 
@@ -176,6 +225,45 @@ async def test_each_request_is_counted_once() -> None:
             await exchange_raw(host, port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + CLOSE_GET)
             await exchange_raw(host, port, CLOSE_GET)
             assert relay.stats.requests == 3
+
+
+async def test_each_connection_idling_out_unused_is_counted_and_none_that_served_a_request() -> (
+    None
+):
+    listen = ListenSettings(keepalive_timeout_s=0.3)
+    async with raw_upstream(lambda _: [OK]) as up:
+        async with bare_relay(up.url, listen=listen) as (relay, host, port):
+            silent = [await asyncio.open_connection(host, port) for _ in range(2)]
+            used_reader, used_writer = await asyncio.open_connection(host, port)
+            used_writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive
+            await asyncio.wait_for(used_reader.readuntil(b"\r\n\r\nok"), 5.0)
+            for reader, _ in [*silent, (used_reader, used_writer)]:
+                assert await asyncio.wait_for(reader.read(), 5.0) == b""  # idled out
+            for _, writer in [*silent, (used_reader, used_writer)]:
+                writer.close()
+            assert relay.stats.rejected == {"idle_timeout": 2}
+
+
+async def test_a_refused_connection_whose_client_never_closes_is_ended_after_its_linger() -> None:
+    # Past max_client_connections the relay answers, shuts its side and reads what the
+    # client still sends for a while (2 s), so the answer is read; then it lets go.
+    listen = ListenSettings(max_client_connections=1)
+    async with raw_upstream(lambda _: [OK]) as up:
+        async with bare_relay(up.url, listen=listen) as (_relay, host, port):
+            _, held = await asyncio.open_connection(host, port)
+            await asyncio.sleep(0.05)  # accepted before the next one comes
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                reply = await asyncio.wait_for(reader.read(), 5.0)
+                assert reply.startswith(b"HTTP/1.1 503 ")
+                with pytest.raises(ConnectionError):  # it keeps writing; the relay is gone
+                    for _ in range(50):  # 10 s at most, five times the linger
+                        writer.write(b"still here")
+                        await asyncio.wait_for(writer.drain(), 5.0)
+                        await asyncio.sleep(0.2)
+            finally:
+                writer.close()
+                held.close()
 
 
 # --------------------------------------------------------------------------- a connection's life
@@ -292,6 +380,35 @@ async def test_a_replayable_request_over_64_kib_in_pieces_is_never_sent_again() 
     assert len(up.requests) == 2
 
 
+async def test_a_request_whose_new_upstream_connection_is_dropped_is_never_sent_again() -> None:
+    # Only a pooled connection may have gone stale; a new one dropped is the upstream's 502.
+    async with relay_before(lambda _: [None]) as (up, _stack, host, port):
+        reply = await exchange_raw(host, port, CLOSE_GET)
+    assert reply.startswith(b"HTTP/1.1 502 ")
+    assert len(up.requests) == 1
+
+
+async def test_requests_pipelined_behind_one_whose_client_is_gone_mid_response_never_begin() -> (
+    None
+):
+    # Reading is paused behind a pipelined request, so the reset shows when the relay next
+    # writes to the client: mid-body here, with the rest of the body still to come.
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    capture = _Capture()
+    async with raw_upstream(lambda _: [head + b"he", 1.0, b"ll", 1.0, b"o"]) as up:
+        async with bare_relay(up.url, tap=capture) as (relay, host, port):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\nhe"), 5.0)
+            reset(writer)
+            for _ in range(500):
+                if capture.outcomes:
+                    break
+                await asyncio.sleep(0.01)
+            assert [outcome.client_aborted for outcome in capture.outcomes] == [True]
+            assert relay.stats.requests == 1
+
+
 @dataclass
 class Lines:
     url: str = ""
@@ -392,3 +509,33 @@ async def test_an_upstream_that_stops_reading_pushes_back_on_the_clients_request
     # Socket buffers on two loopback hops (autotuned up to several MiB each) and the
     # transports' 64 KiB watermarks; a relay that kept reading would take all 128 MiB.
     assert written < 40 * 1024 * 1024, f"the client got {written} bytes ahead"
+
+
+async def test_an_upstream_that_resumes_reading_gets_the_whole_request_body() -> None:
+    # The back-pressure above is let go of: once the upstream reads again, the client's body
+    # flows again, to its end.
+    body = b"r" * (16 * 1024 * 1024)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(0.5)  # not reading: the relay's buffers toward it fill
+        got = await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d" % (len(str(len(got))), len(got))
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with bare_relay(url) as (_relay, host, port):
+            request = (
+                b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                % len(body)
+            )
+            # Bounded as a whole: a relay that never reads again stalls the write, not the read.
+            reply = await asyncio.wait_for(exchange_raw(host, port, request + body), 10.0)
+    finally:
+        server.close()
+    assert reply.endswith(b"\r\n\r\n%d" % len(body))

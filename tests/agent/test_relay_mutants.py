@@ -581,6 +581,40 @@ async def test_an_upstream_head_that_never_ends_is_a_marked_502_at_64_kib() -> N
     assert b"upstream_invalid_response" in reply
 
 
+async def test_an_upstream_head_of_exactly_64_kib_is_relayed() -> None:
+    # 64 KiB of head with no end yet is still a head; the end comes in the next read.
+    start = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Pad: "
+    first = start + b"p" * (64 * 1024 - len(start))
+    async with relay_before(lambda _: [first, 0.05, b"\r\n\r\nok"]) as (_up, _stack, host, port):
+        reply = await exchange_raw(
+            host, port, b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert reply.endswith(b"\r\n\r\nok")
+
+
+async def test_a_head_response_with_the_length_a_get_would_have_ends_at_its_head() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"  # and no body: it is a HEAD
+    async with relay_before(lambda _: [head]) as (_up, _stack, host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(b"HEAD /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0) == head
+            writer.write(b"HEAD /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            last = await asyncio.wait_for(reader.read(), 5.0)  # the next one is answered too
+        finally:
+            writer.close()
+    assert last == head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+
+
+async def test_a_close_delimited_response_ends_a_keep_alive_client_connection_after_it() -> None:
+    # Nothing but the end of the connection can tell the client where such a body ends.
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+    async with relay_before(lambda _: [head, b"hello", None]) as (_up, _stack, host, port):
+        reply = await exchange_raw(host, port, b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reply == head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + b"hello"
+
+
 @dataclass
 class _Capture:
     """A tap that keeps what the relay offers it."""

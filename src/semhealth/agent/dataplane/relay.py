@@ -349,7 +349,7 @@ class _Exchange:
         self.upstream_reusable = True
         self.upstream_framing = "none"  # none | length | chunked | close, then done
         self.length_left = 0  # of a Content-Length body, the bytes not yet parsed
-        self.tail = b""  # the last 3 bytes parsed, for a CRLF CRLF that straddles two reads
+        self.tail = b""  # the bytes parsed last (3 or more), for a CRLF CRLF over two reads
         self.finished = False
         self.pieces: list[bytes] = []
         self.last_read_ns = 0  # the read timer compares with this; one clock read per chunk
@@ -509,8 +509,8 @@ class _Exchange:
                 # The read that carried the head: the bytes after it are the body's.
                 data = self.head_buf[self.head_pos : len(self.head_buf) - size + fed]
                 self.head_buf = b""
-            elif fed < size:
-                data = data[:fed]
+            else:
+                data = data[:fed]  # the same object when it is all of it: no copy
             if self.passthrough:
                 if data:
                     self.client.write(data)
@@ -532,7 +532,8 @@ class _Exchange:
 
         Nothing after the end is parsed. A Content-Length body ends at its length; a head
         and a chunked body can only end where a CRLF CRLF ends (llhttp takes no bare LF),
-        so ``data`` goes to the parser in pieces cut there, and the end is between two.
+        so ``data`` goes to the parser in pieces cut there, and the end is between two (a
+        body that ends with the connection is cut there too, which changes nothing).
         """
         parser = self.parser
         assert parser is not None
@@ -549,25 +550,25 @@ class _Exchange:
             self.tail = data[-3:] if size >= 3 else (self.tail + data)[-3:]
             return size
         while fed < size and self.upstream_framing != "done":
-            if self.upstream_framing == "close":
-                end = size
-            elif self.upstream_framing == "length":
+            if self.upstream_framing == "length":
                 end = min(size, fed + self.length_left)
                 self.length_left -= end - fed
             else:
                 end = self._past_crlfcrlf(data, fed)
-            parser.feed_data(data if end - fed == size else data[fed:end])
+            parser.feed_data(data[fed:end])  # all of data is data itself: no copy
             fed = end
-        self.tail = data[-3:] if size >= 3 else (self.tail + data)[-3:]
+        # Kept for a CRLF CRLF the next read may end: a reference, copied only when short.
+        self.tail = data if size >= 3 else (self.tail + data)[-3:]
         return fed
 
     def _past_crlfcrlf(self, data: bytes, start: int) -> int:
         """Where the first CRLF CRLF at or after ``start`` ends in ``data`` (its length if
         none does), one that began in the read before included."""
-        if start == 0:
-            found = (self.tail + data[:3]).find(b"\r\n\r\n")
+        if start == 0 and data[0] in b"\r\n":
+            before = self.tail[-3:]
+            found = (before + data[:3]).find(b"\r\n\r\n")
             if found >= 0:
-                return found + 4 - len(self.tail)
+                return found + 4 - len(before)
         found = data.find(b"\r\n\r\n", start)
         return len(data) if found < 0 else found + 4
 
@@ -612,7 +613,8 @@ class _Exchange:
         if not parser.should_keep_alive():
             self.upstream_reusable = False
         if request.method == b"HEAD" or status in (204, 304):
-            self.upstream_framing = "none"
+            # Nothing follows the head: the parser may not wait for a body.
+            self.upstream_framing = "done"
         elif chunked:
             self.upstream_framing = "chunked"
             if request.http10:
@@ -634,9 +636,6 @@ class _Exchange:
         extra = (b"Connection: close\r\n",) if self.close_client else ()
         self.client.write(_head(status, reason, headers, extra, drop))
         self._open_stream(status, headers)
-        if self.upstream_framing == "none":
-            # Nothing follows the head (HEAD, 204, 304): do not let the parser wait for a body.
-            self.upstream_framing = "done"
 
     def _open_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         request = self.request

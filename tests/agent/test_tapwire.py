@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.tap import Tap
+from semhealth.agent.dataplane import wiretap
 from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
-from semhealth.agent.dataplane.wiretap import FLUSH_S, WireTap
+from semhealth.agent.dataplane.wiretap import DATA_FLUSH_S, FLUSH_S, WireTap
 from semhealth.agent.wire import (
     CLOSE,
     DATA,
@@ -24,6 +25,7 @@ from semhealth.agent.wire import (
     MAX_CHUNK_BYTES,
     MIN_TAP_BUDGET,
     OPEN,
+    STATS,
     Outcome,
     WireDecoder,
     decode_close,
@@ -173,6 +175,47 @@ async def test_streams_opened_while_analysis_is_away_are_shed_not_queued() -> No
         await wire.shutdown(0.1)
 
 
+class _Reads(asyncio.Protocol):
+    """Keeps every read of the analysis end of the wire, with the loop time it came."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[float, bytes]] = []
+        self.arrived = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append((asyncio.get_running_loop().time(), data))
+        self.arrived.set()
+
+
+async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fewer writes wake analysis less, but a stream's record must follow its end promptly:
+    # copies wait up to DATA_FLUSH_S, an end (and what waits before it) up to FLUSH_S.
+    # DATA_FLUSH_S is stretched so that an end that waited with the copies cannot pass.
+    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    loop = asyncio.get_running_loop()
+    reads = _Reads()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await loop.create_unix_server(lambda: reads, path)
+        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=3600)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        stream = wire.open_stream(_exchange())
+        stream.offer(b"data: 1\n\n", 10)
+        await asyncio.sleep(FLUSH_S * 3)
+        assert reads.reads == []  # the counters, the open and the copy are still waiting
+        closed_at = loop.time()
+        stream.close(Outcome(end_ns=30))
+        await asyncio.wait_for(reads.arrived.wait(), 10)
+        (at, data), *_ = reads.reads
+        assert [kind for kind, *_ in WireDecoder().feed(data)] == [STATS, OPEN, DATA, CLOSE]
+        assert at - closed_at < 5  # FLUSH_S, not the copies' 30 s
+        server.close()
+        await wire.shutdown(0.1)
+
+
 class _Silent(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.pause_reading()  # type: ignore[attr-defined]
@@ -195,7 +238,7 @@ async def test_the_smallest_budget_holds_the_frame_of_the_largest_chunk(
         await wire.start()
         assert await wire.wait_connected(5)
         stream = wire.open_stream(_exchange())
-        await asyncio.sleep(FLUSH_S * 2)  # the OPEN frame goes to the kernel: nothing held
+        await asyncio.sleep(DATA_FLUSH_S * 2)  # the OPEN frame goes to the kernel: nothing held
         stream.offer(b"x" * MAX_CHUNK_BYTES, 1)
         assert stream.shed is shed
         assert wire.stats.wire_resets == 0

@@ -1,6 +1,7 @@
 """The forwarder's end of the tap wire: copies of the relay's traffic, framed
-(``semhealth.agent.wire``) and sent to the analysis process over a Unix socket in batches
-(every 50 ms, or at the end of the loop iteration once 32 KiB are waiting), never awaited.
+(``semhealth.agent.wire``) and sent to the analysis process over a Unix socket in batches,
+never awaited: copies wait up to 250 ms, a stream's end (with what waits before it) up to
+50 ms, and once 32 KiB wait they go at the end of the loop iteration.
 
 The forwarder's side keeps the bytes it has not yet handed to the kernel under a budget:
 past it, data frames are shed and counted (``dropped{stage="tap"}``) and the stream is
@@ -37,7 +38,8 @@ from semhealth.collectors.collector import Exchange
 log = logging.getLogger(__name__)
 
 _RECONNECT_S = (0.05, 2.0)  # first and longest wait between connection attempts
-FLUSH_S = 0.05  # the longest a trickle of copies waits in the forwarder before it is sent
+FLUSH_S = 0.05  # the longest a stream's end waits in the forwarder before it is sent
+DATA_FLUSH_S = 0.25  # the longest a trickle of copies (and opens, counters) waits
 FLUSH_BYTES = 32 * 1024  # this much waiting goes at the end of the loop iteration
 
 
@@ -81,6 +83,7 @@ class WireTap:
         self.stats = ForwarderStats(worker=worker, pid=os.getpid())
         self._buf = bytearray()
         self._flush_timer: asyncio.TimerHandle | None = None
+        self._flush_due = 0.0  # the loop time the timer fires at
         self._flush_soon = False  # a flush is queued for the end of this loop iteration
         self._transport: asyncio.WriteTransport | None = None
         self._generation = 0  # bumped on every reconnect: older streams are lost
@@ -109,7 +112,7 @@ class WireTap:
             self.stats.streams_shed += 1
             return stream
         self._streams[stream.id] = stream
-        self._append(encode_open(stream.id, exchange), control=True)
+        self._append(encode_open(stream.id, exchange), within_s=DATA_FLUSH_S)
         return stream
 
     def offer(self, stream: _WireStream, chunk: bytes, t: int) -> None:
@@ -124,12 +127,12 @@ class WireTap:
             return
         self._buf += HEADER.pack(DATA, stream.id, t, len(chunk))
         self._buf += chunk
-        self._schedule_flush()
+        self._schedule_flush(DATA_FLUSH_S)
 
     def close_stream(self, stream: _WireStream, outcome: Outcome) -> None:
         if stream.lost or self._streams.pop(stream.id, None) is None:
             return
-        self._append(encode_close(stream.id, outcome, stream.shed), control=True)
+        self._append(encode_close(stream.id, outcome, stream.shed), within_s=FLUSH_S)
 
     # -- buffering
 
@@ -137,7 +140,8 @@ class WireTap:
         transport = self._transport
         return transport.get_write_buffer_size() if transport is not None else 0
 
-    def _append(self, frame: bytes, *, control: bool) -> None:
+    def _append(self, frame: bytes, *, within_s: float) -> None:
+        """Queue a control frame: small, one an exchange end, never shed under the budget."""
         if self._transport is None:
             return
         if len(self._buf) + self._kernel_backlog() + len(frame) > 2 * self._budget:
@@ -145,26 +149,33 @@ class WireTap:
             self._reset()
             return
         self._buf += frame
-        self._schedule_flush()
+        self._schedule_flush(within_s)
 
-    def _schedule_flush(self) -> None:
+    def _schedule_flush(self, within_s: float) -> None:
         # Copies carry their arrival times, so when analysis gets them changes no signal,
         # and each write wakes the analysis process: fewer, larger writes cost both
-        # processes less. A trickle (a few streams) waits up to FLUSH_S, so a stream's record
-        # follows its end within that; once FLUSH_BYTES wait, they go at the end of this loop
-        # iteration. 32 KiB against 4 KiB, 50 streams of 64 tokens at 20 ms gaps on 2 cores
-        # (relevance off): the analysis process read its wire a fifth as often (2.5 -> 0.5
-        # reads a request) and spent 1.24 ms a request instead of 1.94, batched tap included.
+        # processes less. Copies wait up to DATA_FLUSH_S; a stream's end waits up to FLUSH_S,
+        # so its record follows the end within that; once FLUSH_BYTES wait, everything goes
+        # at the end of this loop iteration. 32 KiB against 4 KiB, 50 streams of 64 tokens at
+        # 20 ms gaps on 2 cores (relevance off): the analysis process read its wire a fifth as
+        # often (2.5 -> 0.5 reads a request) and spent 1.24 ms a request instead of 1.94.
+        if self._flush_soon:
+            return
         loop = self._loop or asyncio.get_running_loop()
         if len(self._buf) >= FLUSH_BYTES:
-            if not self._flush_soon:
-                self._flush_soon = True
-                if self._flush_timer is not None:
-                    self._flush_timer.cancel()
-                    self._flush_timer = None
-                loop.call_soon(self._flush)
-        elif self._flush_timer is None and not self._flush_soon:
-            self._flush_timer = loop.call_later(FLUSH_S, self._flush)
+            self._flush_soon = True
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            loop.call_soon(self._flush)
+            return
+        due = loop.time() + within_s
+        if self._flush_timer is not None:
+            if self._flush_due <= due:
+                return
+            self._flush_timer.cancel()
+        self._flush_due = due
+        self._flush_timer = loop.call_at(due, self._flush)
 
     def _flush(self) -> None:
         self._flush_soon = False
@@ -241,7 +252,7 @@ class WireTap:
             stats.relay_errors = dict(errors)
         payload = orjson.dumps(asdict(stats))
         frame = HEADER.pack(STATS, 0, time.monotonic_ns(), len(payload)) + payload
-        self._append(frame, control=True)
+        self._append(frame, within_s=DATA_FLUSH_S)
 
     async def shutdown(self, timeout_s: float = 2.0) -> None:
         """Send the last counters and what is buffered, then close."""

@@ -251,3 +251,48 @@ async def test_the_front_relays_the_shadow_summary_from_the_analysis_process(
     finally:
         await upstream.shutdown()
         await candidate.shutdown()
+
+
+async def test_the_children_stop_when_their_supervisor_is_killed() -> None:
+    # SIGKILL leaves the supervisor no time to stop its children: each must see it is gone
+    # (a pidfd on Linux) and stop instead of serving on, reparented. Killed as soon as it is
+    # ready, while worker 1 may still be loading: a child that read its parent's pid only
+    # after the supervisor died would read init's.
+    proxy_port, admin_port = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "semhealth.agent.cli", "run",
+        "--upstream", "http://127.0.0.1:1",
+        "--listen", f"127.0.0.1:{proxy_port}",
+        "--admin-listen", f"127.0.0.1:{admin_port}",
+        "--workers", "2",
+        env=_env(),
+    )  # fmt: skip
+    running = Sidecar(process, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{admin_port}")
+    try:
+        await _wait_ready(running.admin, deadline_s=60)
+        children = running.children()
+        # The supervisor forwards as worker 0; worker 1 and analysis are its children.
+        assert sorted("semhealth.agent.analysis" in cmd for cmd in children.values()) == [
+            False,
+            True,
+        ], children
+        process.kill()
+        await process.wait()
+
+        async def all_gone() -> bool:
+            return all(_exited(pid) for pid in children)
+
+        await _until(all_gone, 15)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet (its new parent may not reap at all)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

@@ -198,6 +198,8 @@ class Forwarder:
             module,
             "--tap-socket",
             self.tap_socket,
+            "--supervisor",
+            str(os.getpid()),
             *extra,
             *self._settings.child_args,
         ]

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 _RECONNECT_S = (0.05, 2.0)  # first and longest wait between connection attempts
 FLUSH_S = 0.05  # the longest a stream's end waits in the forwarder before it is sent
-DATA_FLUSH_S = 0.25  # the longest a trickle of copies (and opens, counters) waits
+DATA_FLUSH_S = 0.25  # the longest a trickle of copies (and opens) waits
 FLUSH_BYTES = 32 * 1024  # this much waiting goes at the end of the loop iteration
 
 
@@ -252,7 +252,8 @@ class WireTap:
             stats.relay_errors = dict(errors)
         payload = orjson.dumps(asdict(stats))
         frame = HEADER.pack(STATS, 0, time.monotonic_ns(), len(payload)) + payload
-        self._append(frame, within_s=DATA_FLUSH_S)
+        # Sent in the wake-up that made it: waiting would cost the forwarder a second one.
+        self._append(frame, within_s=0.0)
 
     async def shutdown(self, timeout_s: float = 2.0) -> None:
         """Send the last counters and what is buffered, then close."""

@@ -5,9 +5,13 @@ weights in torch, float16), short (~12 words) and long (~200 words) texts:
 
 - **per call**: ``backend.embed`` of 1 to 512 texts a call, each size called ``--calls``
   times after a warm-up: texts/s at the median call, p50 and p99 of the call's seconds;
-- **through the micro-batcher**: 50 callers sending their texts one at a time through one
-  ``MicroBatcher`` (the scorer's batching, ``--max-batch`` texts a batch), against the same
-  texts in calls of ``--max-batch``: ``efficiency`` is the first's texts/s over the second's;
+- **through the micro-batcher**: 10 and 50 callers, each sending 1 text a call (the most
+  demanding case) or 5 (a record: a query and its passages, as a sidecar sends them), through
+  one ``MicroBatcher`` (the scorer's batching, ``--max-batch`` texts a batch).
+  ``efficiency`` is their texts/s over the same texts in calls of ``--max-batch`` (one large
+  batch); ``batcher_overhead`` is their texts/s over the same texts in direct calls as large
+  as the callers can fill (callers x texts a call): k callers can never form a batch above
+  that, so the two say apart what batching costs and what the concurrency allows;
 - **bf16 peak**: an 8192^3 bfloat16 matrix product timed in the same run, and the share of
   it the best long-text call reaches, counting 2 FLOPs per weight per token (the encoder's
   matrices, attention's own products left out: a lower bound on the work done).
@@ -41,7 +45,8 @@ from semhealth.embeddings.e5_torch import E5TorchBackend
 from semhealth.embeddings.local import LocalBackend, resolve_model
 
 SIZES = (1, 8, 32, 128, 512)
-CALLERS = 50
+CALLERS = (10, 50)
+TEXTS_A_CALL = (1, 5)
 WORDS = [
     "the", "service", "returned", "an", "error", "while", "the", "cluster", "was", "scaling",
     "and", "the", "queue", "kept", "growing", "until", "the", "retry", "budget", "ran", "out",
@@ -93,41 +98,69 @@ async def per_call(
     }
 
 
-async def batcher_efficiency(
-    backend: Backend, kind: str, total: int, max_batch: int, device: str
-) -> dict[str, Any]:
-    """``CALLERS`` callers one text at a time through a batcher, against calls of max_batch."""
-    batch = texts(kind, total, seed=7)
+async def direct_texts_per_s(
+    backend: Backend, batch: Sequence[str], size: int, device: str
+) -> float:
     sync(device)
     start = time.perf_counter()
-    for first in range(0, total, max_batch):
-        await backend.embed(batch[first : first + max_batch])
+    for first in range(0, len(batch), size):
+        await backend.embed(batch[first : first + size])
     sync(device)
-    direct = total / (time.perf_counter() - start)
+    return len(batch) / (time.perf_counter() - start)
+
+
+async def batcher_efficiency(
+    backend: Backend, kind: str, total: int, max_batch: int, device: str
+) -> list[dict[str, Any]]:
+    """Callers through a batcher, against one large batch and against batches they can fill."""
+    rows = []
+    for callers in CALLERS:
+        for per_call in TEXTS_A_CALL:
+            batch = texts(kind, total, seed=7 + callers + per_call)
+            fill = min(max_batch, callers * per_call)
+            direct = await direct_texts_per_s(backend, batch, max_batch, device)
+            filled = await direct_texts_per_s(backend, batch, fill, device)
+            through = await through_batcher(backend, batch, callers, per_call, max_batch, device)
+            rows.append(
+                {
+                    "texts": total,
+                    "callers": callers,
+                    "texts_per_call": per_call,
+                    "direct_texts_per_s": direct,
+                    "direct_filled_texts_per_s": filled,
+                    "batcher_texts_per_s": through,
+                    "efficiency": through / direct,
+                    "batcher_overhead": through / filled,
+                }
+            )
+    return rows
+
+
+async def through_batcher(
+    backend: Backend,
+    batch: Sequence[str],
+    callers: int,
+    per_call: int,
+    max_batch: int,
+    device: str,
+) -> float:
     batcher = MicroBatcher(
-        backend, Batching(queue_size=total, max_batch=max_batch, max_batch_tokens=1 << 20)
+        backend, Batching(queue_size=len(batch), max_batch=max_batch, max_batch_tokens=1 << 20)
     )
     await batcher.start()
     try:
-        mine = [batch[i::CALLERS] for i in range(CALLERS)]
+        mine = [batch[i::callers] for i in range(callers)]
 
-        async def caller(own: list[str]) -> None:
-            for text in own:
-                await batcher.embed([text])
+        async def caller(own: Sequence[str]) -> None:
+            for first in range(0, len(own), per_call):
+                await batcher.embed(own[first : first + per_call])
 
         start = time.perf_counter()
         await asyncio.gather(*(caller(own) for own in mine))
         sync(device)
-        through = total / (time.perf_counter() - start)
+        return len(batch) / (time.perf_counter() - start)
     finally:
         await batcher.shutdown(5.0)
-    return {
-        "texts": total,
-        "callers": CALLERS,
-        "direct_texts_per_s": direct,
-        "batcher_texts_per_s": through,
-        "efficiency": through / direct,
-    }
 
 
 def bf16_peak_tflops(device: str, quick: bool) -> float:

@@ -109,6 +109,16 @@ async def exchange_raw(
 _CLOSE_GET = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
+async def _relayed(steps: list[bytes | float | None]) -> bytes:
+    """What a client gets for one ``Connection: close`` GET through the relay, in front of an
+    upstream that answers with ``steps``."""
+    async with raw_upstream(lambda _: steps) as up:
+        async with running_stack(
+            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
+        ) as stack:
+            return await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+
+
 def _hostport(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").split(":")
     return host, int(port)
@@ -232,22 +242,14 @@ async def test_bytes_after_a_content_length_body_in_the_same_read_never_reach_th
     # upstream wrote with it is nobody's.
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     unasked = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra"
-    async with raw_upstream(lambda _: [answer + unasked]) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    through = await _relayed([answer + unasked])
     assert through == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 
 
 async def test_bytes_after_the_terminating_chunk_in_the_same_read_never_reach_the_client() -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     body = b"2\r\nok\r\n0\r\nX-Digest: d\r\n\r\n"
-    async with raw_upstream(lambda _: [head + body + b"\r\n\r\nnot a response"]) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    through = await _relayed([head + body + b"\r\n\r\nnot a response"])
     assert through == head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body
 
 
@@ -262,22 +264,14 @@ async def test_bytes_after_a_chunked_end_split_over_two_reads_never_reach_the_cl
     whole = head + body + b"\r\nnot a response"  # a CRLF first: the parser would skip it
     at = len(head + body) - 4 + cut
     steps: list[bytes | float | None] = [whole[:at], 0.05, whole[at:]]
-    async with raw_upstream(lambda _: steps) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    through = await _relayed(steps)
     assert through.endswith(b"\r\n\r\n" + body)
 
 
 async def test_bytes_after_a_content_length_body_over_two_reads_never_reach_the_client() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
     steps: list[bytes | float | None] = [head + b"ab", 0.05, b"cHTTP/1.1 200 OK\r\n\r\n"]
-    async with raw_upstream(lambda _: steps) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    through = await _relayed(steps)
     assert through.endswith(b"\r\n\r\nabc")
 
 
@@ -291,11 +285,7 @@ async def test_bytes_after_a_chunked_end_split_over_three_reads_never_reach_the_
         0.05,
         b"\r\nnot a response",
     ]
-    async with raw_upstream(lambda _: steps) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    through = await _relayed(steps)
     assert through.endswith(b"\r\n\r\n2\r\nok\r\n0\r\n\r\n")
 
 
@@ -340,11 +330,7 @@ async def test_a_final_response_without_a_reason_phrase_never_takes_the_interim_
     # RFC 9112 lets the reason phrase be empty, its space too; the client gets the status
     # line with the space and no phrase, never the phrase of the 100 before it.
     answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok"
-    async with raw_upstream(lambda _: [answer]) as up:
-        async with running_stack(
-            lambda r: RawScript(chunks=()), **{"upstream.url": up.url}
-        ) as stack:
-            through = await exchange_raw(*stack.agent.proxy_address, _CLOSE_GET)
+    through = await _relayed([answer])
     assert through == (
         b"HTTP/1.1 100 Continue\r\n\r\n"
         b"HTTP/1.1 200 \r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"

@@ -330,7 +330,7 @@ class Tap:
                 if done % 8 == 0 and time.perf_counter_ns() >= slice_end:
                     break
         except Exception:
-            self._failed(stream, "analysis failed for one stream (route=%s)")
+            self._failed(stream)
             return len(pending)
         stream.analysis_ns += time.perf_counter_ns() - began
         return done
@@ -352,7 +352,7 @@ class Tap:
                 error_type=outcome.error_type,
             )
         except Exception:
-            self._failed(stream, "analysis failed for one stream (route=%s)")
+            self._failed(stream)
             return
         stream.collector = None
         stream.analysis_ns += time.perf_counter_ns() - began
@@ -365,9 +365,9 @@ class Tap:
             self.stats.analysis_errors += 1
             log.exception("record consumer failed")
 
-    def _failed(self, stream: TapStream, message: str) -> None:
+    def _failed(self, stream: TapStream) -> None:
         self.stats.analysis_errors += 1
-        log.exception(message, _route_of(stream))
+        log.exception("analysis failed for one stream (route=%s)", _route_of(stream))
         stream.failed = True
         stream.collector = None
 

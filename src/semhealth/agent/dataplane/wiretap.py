@@ -169,6 +169,8 @@ class WireTap:
                 self._flush_timer = None
             loop.call_soon(self._flush)
             return
+        if self._flush_timer is not None and within_s >= DATA_FLUSH_S:
+            return  # set earlier for at most DATA_FLUSH_S: due no later (no clock read a chunk)
         due = loop.time() + within_s
         if self._flush_timer is not None:
             if self._flush_due <= due:

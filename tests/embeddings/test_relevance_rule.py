@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -127,23 +129,15 @@ async def test_selection_embeds_only_the_windows_it_keeps(minilm: LocalBackend) 
 
 
 def test_the_config_sets_the_rule_and_names_a_bad_setting() -> None:
-    config = Config(
-        pooling="softmax",
-        window_words=32,
-        overlap_words=8,
-        windows_per_chunk=3,
-        max_windows=4,
-        top_k=2,
-    )
-    rule = ContextRule.of(config)
-    assert rule == ContextRule(
-        pooling="softmax",
-        window_words=32,
-        overlap_words=8,
-        windows_per_chunk=3,
-        max_windows=4,
-        top_k=2,
-    )
+    settings: dict[str, Any] = {
+        "pooling": "softmax",
+        "window_words": 32,
+        "overlap_words": 8,
+        "windows_per_chunk": 3,
+        "max_windows": 4,
+        "top_k": 2,
+    }
+    assert ContextRule.of(Config(**settings)) == ContextRule(**settings)
     assert ContextRule.of(Config()) == ContextRule()
     issues = Config(
         pooling="median", window_words=8, overlap_words=8, windows_per_chunk=-1, max_windows=-1

@@ -1,6 +1,7 @@
-"""A stream's chunk intervals recorded as one ``StreamIntervals`` measurement export exactly
-the histogram that recording each interval gives: bucket counts, count, sum (bit for bit),
-min and max, in every temporality, through the SDK's own readers."""
+"""A stream's chunk intervals recorded as one ``StreamIntervals`` measurement, through the
+agent's instruments (held until collection, then one batch a series), export exactly the
+histogram that recording each interval straight into the SDK gives: bucket counts, count,
+sum (bit for bit), min and max, in every temporality, through the SDK's own readers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from semhealth.agent.telemetry import buckets
 from semhealth.agent.telemetry import instruments as m
+from semhealth.agent.telemetry.batching import BatchedHistogramAggregation, StreamIntervals
 
 NAME = "gen_ai.client.operation.time_per_output_chunk"
 SPEC = next(spec for spec in m.SPECS if spec.name == NAME)
@@ -43,10 +45,19 @@ def _per_value_views() -> list[View]:
 
 
 class _Pipeline:
-    def __init__(self, views: list[View], temporality: Temporality) -> None:
+    """The agent's instruments and views, or (``agent=False``) the SDK's own histogram under
+    the SDK's plain aggregation, each value its own ``record()``."""
+
+    def __init__(self, temporality: Temporality, *, agent: bool = True) -> None:
         self.reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality})
+        views = m.views() if agent else _per_value_views()
         self.provider = MeterProvider(metric_readers=[self.reader], views=views)
-        self.histogram = m.Instruments(self.provider.get_meter("test")).histograms[NAME]
+        meter = self.provider.get_meter("test")
+        self.histogram: Any = (
+            m.Instruments(meter).histograms[NAME]
+            if agent
+            else meter.create_histogram(NAME, unit=SPEC.unit, description=SPEC.description)
+        )
 
     def points(self) -> list[tuple[Any, ...]]:
         """Every data point of the instrument, without its timestamps."""
@@ -96,16 +107,14 @@ _STEP = st.one_of(
 def test_one_batch_per_stream_exports_what_one_value_per_interval_exports(
     steps: list[tuple[int, list[float]] | None], temporality: Temporality
 ) -> None:
-    batched = _Pipeline(m.views(), temporality)
-    per_value = _Pipeline(_per_value_views(), temporality)
+    batched = _Pipeline(temporality)
+    per_value = _Pipeline(temporality, agent=False)
     for step in [*steps, None]:
         if step is None:
             assert batched.points() == per_value.points()
             continue
         which, values = step
-        intervals = m.StreamIntervals(values)
-        if intervals.values:  # as the recorder does: see test_an_empty_batch_is_not_recorded
-            batched.histogram.record(intervals, ATTRS[which])
+        batched.histogram.record(StreamIntervals(values), ATTRS[which])
         for value in values:
             per_value.histogram.record(value, ATTRS[which])
 
@@ -116,14 +125,19 @@ def test_the_prometheus_text_is_the_same_either_way() -> None:
         registry = CollectorRegistry(auto_describe=True)
         reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
         provider = MeterProvider(metric_readers=[reader], views=views)
-        histogram = m.Instruments(provider.get_meter("test")).histograms[NAME]
+        meter = provider.get_meter("test")
+        histogram: Any = (
+            m.Instruments(meter).histograms[NAME]
+            if batch
+            else meter.create_histogram(NAME, unit=SPEC.unit, description=SPEC.description)
+        )
         for stream in range(20):
             values = [(stream * 7 + i * 13) % 97 / 1000 for i in range(64)]
             if not batch or stream % 2:
                 for value in values:
                     histogram.record(value, ATTRS[stream % 2])
             else:
-                histogram.record(m.StreamIntervals(values), ATTRS[stream % 2])
+                histogram.record(StreamIntervals(values), ATTRS[stream % 2])
         texts.append(generate_latest(registry))
     assert b"gen_ai_client_operation_time_per_output_chunk_seconds_bucket" in texts[0]
     assert texts[0] == texts[1]
@@ -135,41 +149,39 @@ def test_the_prometheus_text_is_the_same_either_way() -> None:
     ids=["negative", "nan", "inf", "minus-inf"],
 )
 def test_values_the_sdk_refuses_one_by_one_are_left_out_of_a_batch(values: Sequence[float]) -> None:
-    batched = _Pipeline(m.views(), Temporality.CUMULATIVE)
-    per_value = _Pipeline(_per_value_views(), Temporality.CUMULATIVE)
-    batched.histogram.record(m.StreamIntervals(values), ATTRS[0])
+    batched = _Pipeline(Temporality.CUMULATIVE)
+    per_value = _Pipeline(Temporality.CUMULATIVE, agent=False)
+    batched.histogram.record(StreamIntervals(values), ATTRS[0])
     for value in values:
         per_value.histogram.record(value, ATTRS[0])
     assert batched.points() == per_value.points()
     assert batched.points()[0][3] == sum(1 for v in values if 0 <= v < math.inf)
 
 
-def test_an_empty_batch_is_not_recorded() -> None:
-    # The SDK opens a series for the attributes of every record() call before it aggregates,
-    # so an empty batch would export a zero-count series that no interval ever opened: the
-    # recorder records no batch without a value, and leaves out streams under two deltas.
-    batched = _Pipeline(m.views(), Temporality.CUMULATIVE)
-    batched.histogram.record(m.StreamIntervals([]), ATTRS[0])
-    assert [point[3] for point in batched.points()] == [0]
+def test_an_empty_batch_opens_no_series() -> None:
+    # The SDK opens a series for the attributes of every record() call before it aggregates:
+    # an empty batch must not reach it, or a zero-count series would be exported that no
+    # interval ever opened.
+    batched = _Pipeline(Temporality.CUMULATIVE)
+    batched.histogram.record(StreamIntervals([]), ATTRS[0])
+    assert batched.points() == []
 
 
 def test_a_plain_value_is_aggregated_as_by_the_sdk() -> None:
-    batched = _Pipeline(m.views(), Temporality.CUMULATIVE)
-    per_value = _Pipeline(_per_value_views(), Temporality.CUMULATIVE)
-    for pipeline in (batched, per_value):
-        pipeline.histogram.record(0.05, ATTRS[0])
-        pipeline.histogram.record(m.StreamIntervals([0.01]), ATTRS[0])
+    batched = _Pipeline(Temporality.CUMULATIVE)
+    per_value = _Pipeline(Temporality.CUMULATIVE, agent=False)
+    batched.histogram.record(0.05, ATTRS[0])
+    batched.histogram.record(StreamIntervals([0.01]), ATTRS[0])
+    per_value.histogram.record(0.05, ATTRS[0])
+    per_value.histogram.record(0.01, ATTRS[0])
     assert batched.points() == per_value.points()
 
 
-def test_only_the_per_chunk_histogram_takes_batches() -> None:
-    # Every other instrument gets one value per record() call; a batch sent to one of them
-    # would count as one value (its sum), so none may be batched by mistake.
-    assert [spec.name for spec in m.SPECS if spec.batched] == [NAME]
-    kinds = {
-        view._instrument_name: type(view._aggregation)
-        for view in m.views()
-        if isinstance(view._aggregation, ExplicitBucketHistogramAggregation)
-    }
-    assert kinds[NAME] is m.BatchedHistogramAggregation
-    assert {name for name, kind in kinds.items() if kind is m.BatchedHistogramAggregation} == {NAME}
+def test_every_histogram_takes_batches() -> None:
+    # Held measurements reach every histogram as one batch a series: an instrument whose
+    # aggregation took a batch as one value (its sum) would count it wrong.
+    histograms = {spec.name for spec in m.SPECS if spec.kind == "histogram"}
+    kinds = {view._instrument_name: type(view._aggregation) for view in m.views()}
+    assert {name: kinds[name] for name in histograms} == dict.fromkeys(
+        histograms, BatchedHistogramAggregation
+    )

@@ -9,32 +9,26 @@ underscores, the unit ``s`` appends ``_seconds``, counters get ``_total``
 (``gen_ai.server.time_to_first_token`` -> ``gen_ai_server_time_to_first_token_seconds``).
 Ratios are left to PromQL; the queries are in the README.
 
-``gen_ai.client.operation.time_per_output_chunk`` takes one value per chunk interval, 50 or
-more per stream. An SDK ``Histogram.record`` costs about 10 µs (it validates and hashes the
-attributes on every call), more than the rest of a stream's analysis per chunk. So a stream's
-intervals reach the SDK as one ``StreamIntervals`` measurement, and that instrument's View
-aggregates with ``BatchedHistogramAggregation``: the SDK's own explicit-bucket aggregation,
-fed each interval in turn. The exported histogram is the one recording each interval would
-give, to the last bit of its sum (``tests/agent/test_batched_histogram.py``).
+Every instrument goes through ``batching``: measurements are held by series and reach the
+SDK once a collection, and every histogram takes ``StreamIntervals``, many values in one
+measurement (a stream's chunk intervals).
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from opentelemetry.metrics import Counter, Histogram, Meter
-from opentelemetry.sdk.metrics._internal.aggregation import (
-    _Aggregation,
-    _ExplicitBucketHistogramAggregation,
-)
-from opentelemetry.sdk.metrics._internal.measurement import Measurement
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.metrics import Meter
+from opentelemetry.sdk.metrics.view import View
 
 from semhealth.agent.telemetry import buckets
+from semhealth.agent.telemetry.batching import (
+    BatchedHistogramAggregation,
+    DeferredCounter,
+    DeferredHistogram,
+    Held,
+)
 
 Kind = Literal["counter", "histogram"]
 
@@ -81,7 +75,6 @@ class Spec:
     description: str
     attributes: tuple[str, ...]
     buckets: tuple[float, ...] | None = None
-    batched: bool = False  # takes StreamIntervals: many values in one record() call
 
 
 SPECS = (
@@ -144,7 +137,7 @@ SPECS = (
          buckets.GEN_AI_DURATION_S),
     Spec("gen_ai.client.operation.time_per_output_chunk", "histogram", "s",
          "Time between consecutive chunks of a streamed response, for each chunk after the first.",
-         _GEN_AI, buckets.GEN_AI_DURATION_S, batched=True),
+         _GEN_AI, buckets.GEN_AI_DURATION_S),
     # --- the agent itself -------------------------------------------------------------------
     Spec("semhealth_analysis_duration", "histogram", "s",
          "CPU time the agent spent analysing one stream.", (), buckets.ANALYSIS_S),
@@ -159,119 +152,28 @@ def views() -> list[View]:
         if spec.buckets is None:
             out.append(View(instrument_name=spec.name, attribute_keys=keys))
         else:
-            aggregation = (
-                BatchedHistogramAggregation(spec.buckets)
-                if spec.batched
-                else ExplicitBucketHistogramAggregation(spec.buckets)
-            )
+            aggregation = BatchedHistogramAggregation(spec.buckets)
             out.append(
                 View(instrument_name=spec.name, attribute_keys=keys, aggregation=aggregation)
             )
     return out
 
 
-class StreamIntervals(float):
-    """Many values of one histogram as one measurement: ``Histogram.record(StreamIntervals(...))``.
-
-    Its float value is the values' sum, which is all the SDK's own checks (finite, not
-    negative) and the exemplar filter look at; ``values`` are what the instrument's
-    ``BatchedHistogramAggregation`` counts. Values the SDK would refuse one by one (negative,
-    NaN, infinite) are left out here, as it would leave them out. Record a batch only when
-    ``values`` is not empty: the SDK opens a series for the attributes of every call.
-    """
-
-    __slots__ = ("values",)
-    values: tuple[float, ...]
-
-    def __new__(cls, values: Iterable[float]) -> StreamIntervals:
-        kept = tuple(values)
-        total = sum(kept)
-        # NaN makes the total NaN; infinity, infinite or NaN; a negative value, a negative min.
-        if kept and not (math.isfinite(total) and min(kept) >= 0.0):
-            kept = tuple(v for v in kept if 0.0 <= v < math.inf)
-            total = sum(kept)
-        batch = super().__new__(cls, total)
-        batch.values = kept
-        return batch
-
-
-class BatchedHistogramAggregation(ExplicitBucketHistogramAggregation):
-    """``ExplicitBucketHistogramAggregation`` that also takes ``StreamIntervals``.
-
-    The SDK builds its own explicit-bucket aggregation (boundaries, temporality, min/max,
-    exemplar reservoir, all as configured); only its class changes, so that a batch is
-    handed to the SDK's ``aggregate`` one value at a time, in order: the buckets, count,
-    sum, min and max are those the values give recorded one by one. A plain number is
-    aggregated exactly as by the SDK.
-    """
-
-    def _create_aggregation(self, *args: Any, **kwargs: Any) -> _Aggregation[Any]:
-        aggregation = super()._create_aggregation(*args, **kwargs)
-        # Swapping the class keeps the SDK's constructor and its arguments, whatever they are
-        # in this SDK version; _Batched adds no state, only a method.
-        if type(aggregation) is _ExplicitBucketHistogramAggregation:
-            aggregation.__class__ = _Batched
-        return aggregation
-
-
-class _Value:
-    """One value of a batch for the exemplar reservoir, shaped like the SDK's ``Measurement``:
-    building a real one would validate the attributes again, once per value."""
-
-    __slots__ = ("attributes", "context", "instrument", "time_unix_nano", "value")
-
-    def __init__(self, value: float, batch: Measurement) -> None:
-        self.value = value
-        self.time_unix_nano = batch.time_unix_nano
-        self.instrument = batch.instrument
-        self.context = batch.context
-        self.attributes = batch.attributes
-
-
-class _Batched(_ExplicitBucketHistogramAggregation):
-    def aggregate(self, measurement: Measurement, should_sample_exemplar: bool = True) -> None:
-        batch = measurement.value
-        if not isinstance(batch, StreamIntervals):
-            super().aggregate(measurement, should_sample_exemplar)
-            return
-        # The body of the SDK's aggregate, once per value in order, under one lock: calling
-        # it per value costs ~1.5 µs a value, this ~0.2 µs. test_batched_histogram.py holds
-        # the two to the same result, bit for bit.
-        values = batch.values
-        if not values:
-            return
-        boundaries = self._boundaries
-        state: Any = self  # the SDK types its fields by their initial values (None, 0)
-        with self._lock:
-            if state._value is None:
-                state._value = self._get_empty_bucket_counts()
-            counts = state._value
-            total = state._sum
-            for value in values:
-                total += value  # in order, as one call per value adds them
-                counts[bisect_left(boundaries, value)] += 1
-            state._sum = total
-            if self._record_min_max:
-                state._min = min(state._min, *values)
-                state._max = max(state._max, *values)
-        if should_sample_exemplar:
-            for value in values:
-                exemplar: Any = _Value(value, measurement)
-                self._sample_exemplar(exemplar, should_sample_exemplar)
-
-
 class Instruments:
-    """The instruments of ``SPECS``, by name."""
+    """The instruments of ``SPECS``, by name, their measurements held until collection."""
 
     def __init__(self, meter: Meter) -> None:
-        self.counters: dict[str, Counter] = {}
-        self.histograms: dict[str, Histogram] = {}
+        self.held = held = Held(meter)
+        self.counters: dict[str, DeferredCounter] = {}
+        self.histograms: dict[str, DeferredHistogram] = {}
         for spec in SPECS:
             if spec.kind == "counter":
-                self.counters[spec.name] = meter.create_counter(
+                counter = meter.create_counter(
                     spec.name, unit=spec.unit, description=spec.description
                 )
+                self.counters[spec.name] = DeferredCounter(counter, held)
             else:
-                self.histograms[spec.name] = meter.create_histogram(
+                histogram = meter.create_histogram(
                     spec.name, unit=spec.unit, description=spec.description
                 )
+                self.histograms[spec.name] = DeferredHistogram(histogram, held)

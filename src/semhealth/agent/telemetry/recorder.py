@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from opentelemetry.util.types import AttributeValue
 
 from semhealth.agent.telemetry import instruments as m
+from semhealth.agent.telemetry.batching import StreamIntervals
 from semhealth.alerts.sample import Sample
 from semhealth.collectors import Continuity, gen_ai_provider, intervals_s, operation_name
 from semhealth.collectors.record import StreamRecord, ValidityResult
@@ -255,7 +256,7 @@ class Recorder:
             self._emit("time_to_first_token", record.ttft_s, alert_labels)
         # Every interval is counted: one measurement carries them all (see agent.metrics).
         # None is recorded without a value: the SDK would open an empty series for it.
-        intervals = m.StreamIntervals(intervals_s(record.delta_ns))
+        intervals = StreamIntervals(intervals_s(record.delta_ns))
         if intervals.values:
             self._h["gen_ai.client.operation.time_per_output_chunk"].record(intervals, attrs)
         tpot = _time_per_output_token(record)

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
-    """One message of a stream framing.
+    """One message of a stream framing. Not frozen: a frozen dataclass sets each field through
+    ``object.__setattr__``, and one is built per token (0.94 µs against 0.39).
 
     ``data`` is text for SSE (the spec decodes the stream as UTF-8) and bytes
     for the binary framings (NDJSON line, length-prefixed payload, whole JSON

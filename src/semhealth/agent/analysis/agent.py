@@ -61,6 +61,7 @@ from semhealth.agent.replay.recording import Recording, RecordingStats, observe_
 from semhealth.agent.replay.settings import RecordSettings
 from semhealth.agent.shadow.live import Shadow, ShadowStats
 from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
+from semhealth.agent.telemetry.batching import FLUSH_INSTRUMENT
 from semhealth.agent.telemetry.instruments import SPECS, Instruments
 from semhealth.agent.telemetry.observe import CatalogueMeter, Family, Shed
 from semhealth.agent.telemetry.pipeline import OTLPSettings, Telemetry, observe_telemetry
@@ -257,6 +258,7 @@ def metric_families() -> list[Family]:
     observe_evaluation(meter, EvaluationStats)
     observe_auth_failures(meter, lambda: 0)
     families = dict(meter.families)
+    del families[FLUSH_INSTRUMENT]  # reports nothing: its callback hands held measurements over
     for spec in SPECS:  # their labels are the allow-list each instrument's View enforces
         families[spec.name] = replace(families[spec.name], labels=tuple(spec.attributes))
     return sorted(families.values(), key=lambda family: family.prometheus_name)

@@ -163,3 +163,11 @@ def test_counts_from_other_threads_during_collections_are_all_exported() -> None
         readers.points()
     thread.join()
     assert readers.points()[(REQUESTS, "chat")] == adds
+
+
+def test_a_dict_changed_after_its_measurement_changes_nothing_held() -> None:
+    readers = _Readers()
+    attributes = dict(A)
+    readers.instruments.counters[REQUESTS].add(1, attributes)
+    attributes[m.ROUTE] = "embed"
+    assert readers.points() == {(REQUESTS, "chat"): 1}

@@ -133,18 +133,20 @@ class _Batched(_ExplicitBucketHistogramAggregation):
 
 
 Attributes = Mapping[str, AttributeValue] | None
+_Key = tuple[tuple[str, AttributeValue], ...]
 
 MAX_HELD = 4096  # values of one histogram series held between collections
 FLUSH_INSTRUMENT = "semhealth.internal.flush"  # reports nothing; its callback is the flush
 
 
 class Held:
-    """The measurements of every deferred instrument of one meter, by series."""
+    """The measurements of every deferred instrument of one meter, by series. A series is
+    kept by its attributes' items, a snapshot: a caller may reuse its dict."""
 
     def __init__(self, meter: Meter) -> None:
         self._lock = threading.Lock()
-        self._sums: dict[tuple[Counter, Any], list[Any]] = {}  # -> [attributes, sum]
-        self._values: dict[tuple[Histogram, Any], tuple[Attributes, list[float]]] = {}
+        self._sums: dict[tuple[Counter, _Key], float] = {}
+        self._values: dict[tuple[Histogram, _Key], list[float]] = {}
         meter.create_observable_gauge(FLUSH_INSTRUMENT, callbacks=[self._on_collect])
 
     def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
@@ -154,50 +156,47 @@ class Held:
         if key is None:
             counter.add(amount, attributes)
             return
+        series = (counter, key)
         with self._lock:
-            held = self._sums.get((counter, key))
-            if held is None:
-                self._sums[(counter, key)] = [attributes, amount]
-            else:
-                held[1] += amount
+            self._sums[series] = self._sums.get(series, 0) + amount
 
     def record(self, histogram: Histogram, amount: float, attributes: Attributes) -> None:
         key = _key(attributes)
         if key is None:
             histogram.record(amount, attributes)
             return
+        series = (histogram, key)
         with self._lock:
-            held = self._values.get((histogram, key))
-            if held is None:
-                held = self._values[(histogram, key)] = (attributes, [])
-            values = held[1]
+            values = self._values.get(series)
+            if values is None:
+                values = self._values[series] = []
             if isinstance(amount, StreamIntervals):
                 values.extend(amount.values)
             else:
                 values.append(amount)
             if len(values) < MAX_HELD:
                 return
-            del self._values[(histogram, key)]
-        histogram.record(StreamIntervals(values), attributes)
+            del self._values[series]
+        histogram.record(StreamIntervals(values), dict(key))
 
     def flush(self) -> None:
         """Hand every held series to the SDK."""
         with self._lock:
             sums, self._sums = self._sums, {}
             values, self._values = self._values, {}
-        for (counter, _), (attributes, total) in sums.items():
-            counter.add(total, attributes)
-        for (histogram, _), (attributes, held) in values.items():
+        for (counter, key), total in sums.items():
+            counter.add(total, dict(key))
+        for (histogram, key), held in values.items():
             batch = StreamIntervals(held)
             if batch.values:  # the SDK opens a series for every call, even an empty batch
-                histogram.record(batch, attributes)
+                histogram.record(batch, dict(key))
 
     def _on_collect(self, options: CallbackOptions) -> Iterable[Observation]:
         self.flush()
         return ()
 
 
-def _key(attributes: Attributes) -> Any:
+def _key(attributes: Attributes) -> _Key | None:
     """A hashable key for the attributes; None where a value is a sequence (rare: such a
     measurement goes to the SDK at once)."""
     if not attributes:

@@ -254,8 +254,8 @@ class Recorder:
         if record.ttft_s is not None:
             self._h["gen_ai.server.time_to_first_token"].record(record.ttft_s, attrs)
             self._emit("time_to_first_token", record.ttft_s, alert_labels)
-        # Every interval is counted: one measurement carries them all (see agent.metrics).
-        # None is recorded without a value: the SDK would open an empty series for it.
+        # Every interval is counted: one measurement carries them all (see telemetry.batching).
+        # A stream without two deltas records none: an empty batch would be held for nothing.
         intervals = StreamIntervals(intervals_s(record.delta_ns))
         if intervals.values:
             self._h["gen_ai.client.operation.time_per_output_chunk"].record(intervals, attrs)

@@ -152,31 +152,31 @@ class Held:
     def add(self, counter: Counter, amount: float, attributes: Attributes) -> None:
         if amount < 0:
             return  # the SDK refuses it too: a counter only goes up
-        key = _key(attributes)
-        if key is None:
+        series = (counter, _key(attributes))
+        try:
+            with self._lock:
+                self._sums[series] = self._sums.get(series, 0) + amount
+        except TypeError:  # a sequence value: no key (rare), so it goes to the SDK at once
             counter.add(amount, attributes)
-            return
-        series = (counter, key)
-        with self._lock:
-            self._sums[series] = self._sums.get(series, 0) + amount
 
     def record(self, histogram: Histogram, amount: float, attributes: Attributes) -> None:
         key = _key(attributes)
-        if key is None:
+        series = (histogram, key)
+        try:
+            with self._lock:
+                values = self._values.get(series)
+                if values is None:
+                    values = self._values[series] = []
+                if isinstance(amount, StreamIntervals):
+                    values.extend(amount.values)
+                else:
+                    values.append(amount)
+                if len(values) < MAX_HELD:
+                    return
+                del self._values[series]
+        except TypeError:  # a sequence value: no key (rare), so it goes to the SDK at once
             histogram.record(amount, attributes)
             return
-        series = (histogram, key)
-        with self._lock:
-            values = self._values.get(series)
-            if values is None:
-                values = self._values[series] = []
-            if isinstance(amount, StreamIntervals):
-                values.extend(amount.values)
-            else:
-                values.append(amount)
-            if len(values) < MAX_HELD:
-                return
-            del self._values[series]
         histogram.record(StreamIntervals(values), dict(key))
 
     def flush(self) -> None:
@@ -196,17 +196,10 @@ class Held:
         return ()
 
 
-def _key(attributes: Attributes) -> _Key | None:
-    """A hashable key for the attributes; None where a value is a sequence (rare: such a
-    measurement goes to the SDK at once)."""
-    if not attributes:
-        return ()
-    key = tuple(attributes.items())
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+def _key(attributes: Attributes) -> _Key:
+    """The attributes' items, the series' key. A sequence value makes it unhashable, which
+    the first dict operation on it finds before anything is held."""
+    return tuple(attributes.items()) if attributes else ()
 
 
 class DeferredCounter:

@@ -251,7 +251,10 @@ def _issues_of(doc: dict[str, Any]) -> tuple[list[str], list[ConfigIssue]]:
 def _assert_named(path: tuple[Any, ...], value: Any) -> None:
     lines, issues = _issues_of(_with(path, value))
     named = dotted(path)
-    mine = [i for i in issues if i.path == named]
+    # A mapping written where the schema takes a map of values (alerts' ``peer`` labels) is
+    # wrong in one of its entries, and the entry is named: the most precise key.
+    entries = {f"{named}.{inner}" for inner in value} if isinstance(value, dict) else set()
+    mine = [i for i in issues if i.path == named or i.path in entries]
     assert mine, f"{named} = {value!r}: {[str(i) for i in issues]}"
     # The issue points at the line where the key (or the list item) is written.
     issue = mine[0]

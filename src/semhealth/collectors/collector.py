@@ -33,6 +33,7 @@ from semhealth.collectors.record import (
     Usage,
 )
 from semhealth.collectors.request import extract_request, unanalysed
+from semhealth.collectors.sse import SSEDecoder
 from semhealth.collectors.validity import SchemaCache, validate_record
 
 OTHER_ROUTE = "other"
@@ -170,6 +171,11 @@ class StreamCollector:
         )
         self._decoder: Decoder = make_decoder(framing, self._limits.max_frame_bytes)
         self._adapter = make_adapter(provider)
+        # The token shortcut: a chunk that is one whole SSE event holding one content token
+        # goes from the decoder to the adapter as bytes and into the state as text, with no
+        # frame, event or list in between. Over the bench's token chunks in a tight loop,
+        # decoder to state cost 5.0-5.2 µs a chunk frame by frame and 2.4 this way.
+        self._sse = self._decoder if isinstance(self._decoder, SSEDecoder) else None
         self._state = StreamState()
         self._extract = route.extract if route else Extract()
         self._inflater: _Inflater | None = None
@@ -202,7 +208,15 @@ class StreamCollector:
             self.truncated = True
         self._analysed_bytes += len(chunk)
         if chunk:
-            self._consume(self._decoder.feed(chunk, t))
+            sse = self._sse
+            if sse is not None and (data := sse.whole_event(chunk)) is not None:
+                text = self._adapter.token(data)
+                if text is None:
+                    self._consume((sse.frame(data, t),))
+                else:
+                    self._state.content(text, t)
+            else:
+                self._consume(self._decoder.feed(chunk, t))
         if self.truncated:
             self._analysing = False
 

@@ -235,6 +235,13 @@ class StreamState:
     def model(self) -> str | None:
         return self._model
 
+    def content(self, text: str, t: int) -> None:
+        """A ``ContentDelta``'s text and time, from the token shortcut (``apply`` inlines
+        the same, a call saved on nearly every event)."""
+        if text:
+            self._text.append(text)
+            self.delta_ns.append(t)
+
     def apply(self, event: AdapterEvent) -> None:
         if type(event) is ContentDelta:  # nearly every event: spared the match below
             if event.text:

@@ -72,22 +72,9 @@ class SSEDecoder:
     def feed(self, chunk: bytes, t: int) -> list[Frame]:
         if self._closed or not chunk:
             return []
-        # One whole event, "data: ...\n\n", between events, as OpenAI-style streams send a
-        # token: the line rules below give exactly this frame (the property tests cut streams
-        # at blank lines to hold the two together), at 1.95 µs a chunk of a JSON-mode stream
-        # instead of 2.6.
-        if (
-            chunk.startswith(b"data: ")
-            and chunk.endswith(b"\n\n")
-            and chunk.count(b"\n") == 2
-            and b"\r" not in chunk
-            and len(chunk) - 2 <= self._max
-            and not (self._pending or self._data or self._event_type or self._at_start)
-            and not (self._skip_lf or self._line_dropped or self._discarding)
-        ):
-            self._offset += len(chunk)
-            data = chunk[6:-2].decode("utf-8", "replace")
-            return [Frame(data=data, t=t, event="", id=self._last_id, retry=self._retry)]
+        data = self.whole_event(chunk)
+        if data is not None:
+            return [self.frame(data, t)]
         if self._at_start:
             chunk = self._strip_bom(chunk)
         if chunk and self._skip_lf:
@@ -117,6 +104,35 @@ class SSEDecoder:
         if tail:
             self._hold(tail)
         return out
+
+    def whole_event(self, chunk: bytes) -> bytes | None:
+        """The data of a chunk that is one whole event, ``data: ...`` and its blank line,
+        arriving between events, as OpenAI-style streams send a token; None for any other
+        chunk, which is left untaken.
+
+        A chunk it returns data for is taken, as ``feed`` takes it: ``frame`` makes the
+        frame ``feed`` would have returned. The line rules give exactly this event (the
+        property tests cut streams at blank lines to hold the two together); a JSON-mode
+        stream's chunk costs 1.95 µs this way instead of 2.6.
+        """
+        if (
+            chunk.startswith(b"data: ")
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+            and len(chunk) - 2 <= self._max
+            and not (self._pending or self._data or self._event_type or self._at_start)
+            and not (self._skip_lf or self._line_dropped or self._discarding or self._closed)
+        ):
+            self._offset += len(chunk)
+            return chunk[6:-2]
+        return None
+
+    def frame(self, data: bytes, t: int) -> Frame:
+        """The frame of an event whose data ``whole_event`` returned."""
+        return Frame(
+            data=data.decode("utf-8", "replace"), t=t, event="", id=self._last_id, retry=self._retry
+        )
 
     def close(self, t: int) -> list[Frame]:
         """End of stream: an event without its blank line is discarded, as the spec says."""

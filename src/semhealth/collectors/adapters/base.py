@@ -36,6 +36,13 @@ class Adapter(Protocol):
 
     def feed(self, frame: Frame) -> list[AdapterEvent]: ...
 
+    def token(self, data: bytes) -> str | None:
+        """The text of a frame whose data (as bytes) is one content token and nothing else,
+        exactly as ``feed`` would read it (``[ContentDelta(text)]``, the adapter's state
+        unchanged); None, with nothing changed, for any other frame, which then goes to
+        ``feed``. A shortcut for the frames nearly every token stream is made of."""
+        ...
+
 
 class FrameError(Exception):
     """Internal: the frame being parsed is malformed. Never leaves an adapter."""
@@ -61,6 +68,9 @@ class FrameAdapter(ABC):
             return self._parse(frame)
         except FrameError as exc:
             return [Malformed(exc.reason)]
+
+    def token(self, data: bytes) -> str | None:
+        return None  # no shortcut: every frame goes to feed
 
     @abstractmethod
     def _parse(self, frame: Frame) -> list[AdapterEvent]:

@@ -24,6 +24,8 @@ import re
 from abc import abstractmethod
 from typing import Any
 
+import orjson
+
 from semhealth.collectors.adapters.base import (
     SHAPE,
     FrameAdapter,
@@ -197,6 +199,15 @@ class _OpenAIAdapter(FrameAdapter):
 
 class OpenAIChatAdapter(_OpenAIAdapter):
     """``/v1/chat/completions``, streamed or not."""
+
+    def token(self, data: bytes) -> str | None:
+        if data[:1] != b"{":  # so what parses is an object
+            return None
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None  # feed counts it
+        return token_text(chunk, self._model)
 
     def _events(self, chunk: JsonObject, t: int) -> list[AdapterEvent]:
         text = token_text(chunk, self._model)

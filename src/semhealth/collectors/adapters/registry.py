@@ -220,3 +220,6 @@ class SniffingAdapter:
             self.provider = provider
             self._inner = make_adapter(provider)
         return self._inner.feed(frame)
+
+    def token(self, data: bytes) -> str | None:
+        return self._inner.token(data) if self._inner is not None else None

@@ -100,6 +100,16 @@ def test_a_corrupt_frame_is_refused() -> None:
         WireDecoder().feed(HEADER.pack(99, 1, 2, 3) + b"abc")
 
 
+@pytest.mark.parametrize(
+    "head", [HEADER.pack(99, 1, 2, 3), HEADER.pack(DATA, 1, 2, 1 << 30)], ids=["kind", "length"]
+)
+def test_a_corrupt_head_split_over_reads_is_refused_once_it_is_read(head: bytes) -> None:
+    decoder = WireDecoder()
+    assert decoder.feed(head[:5]) == []
+    with pytest.raises(ValueError, match="corrupt tap frame"):
+        decoder.feed(head[5:])
+
+
 def _exchange() -> Exchange:
     return Exchange(
         method="POST",

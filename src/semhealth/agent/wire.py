@@ -173,26 +173,48 @@ class WireDecoder:
     """Frames out of a byte stream; sans-IO so it can be property-tested on any split."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._rest = bytearray()  # the start of a frame a later read completes
 
     def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
         """Complete frames as (kind, stream id, time ns, payload); raises on a corrupt one."""
-        buf = self._buf
-        buf += data
+        rest = self._rest
+        if rest:
+            # A frame split over reads: gathered here until whole (an OPEN with a large
+            # request body spans many), then parsed with what follows it.
+            rest += data
+            if _incomplete(rest):
+                return []
+            data = bytes(rest)
+            rest.clear()
         frames = []
         pos = 0
-        size = len(buf)
+        size = len(data)
         while size - pos >= HEADER.size:
-            kind, stream_id, t, length = HEADER.unpack_from(buf, pos)
-            if kind not in (OPEN, DATA, CLOSE, STATS) or length > _MAX_PAYLOAD:
+            kind, stream_id, t, length = HEADER.unpack_from(data, pos)
+            if kind not in _KINDS or length > _MAX_PAYLOAD:
                 raise ValueError(f"corrupt tap frame (kind {kind}, length {length})")
-            end = pos + HEADER.size + length
+            start = pos + HEADER.size
+            end = start + length
             if end > size:
                 break
-            frames.append((kind, stream_id, t, bytes(buf[pos + HEADER.size : end])))
+            # One copy per payload, out of the read itself; slicing a buffer first was two.
+            frames.append((kind, stream_id, t, data[start:end]))
             pos = end
-        del buf[:pos]
+        if pos < size:
+            rest += data[pos:]
         return frames
+
+
+_KINDS = frozenset({OPEN, DATA, CLOSE, STATS})
+
+
+def _incomplete(buf: bytearray) -> bool:
+    """Whether ``buf`` starts with a frame still to be completed (a corrupt head is not: it is
+    refused as soon as it is read, not buffered up to its length)."""
+    if len(buf) < HEADER.size:
+        return True
+    kind, _, _, length = HEADER.unpack_from(buf)
+    return kind in _KINDS and length <= _MAX_PAYLOAD and len(buf) < HEADER.size + length
 
 
 def stats_from(payload: bytes) -> ForwarderStats:

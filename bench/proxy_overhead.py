@@ -1002,6 +1002,7 @@ CPU_COLUMNS = (
     "sidecar forwarding µs/request",
     "sidecar / nginx",
     "sidecar analysis µs/event",
+    "sidecar tree / nginx",
     "sidecar tap shed chunks",
 )
 
@@ -1089,7 +1090,7 @@ def throughput_table(results: Results) -> str:
 
 
 def cpu_table(results: Results, shapes: dict[str, str]) -> str:
-    lines = [_row(CPU_COLUMNS), _row(["---:", "---", *["---:"] * 7])]
+    lines = [_row(CPU_COLUMNS), _row(["---:", "---", *["---:"] * 8])]
     for k, by_mode in results.items():
         rows = (
             (shapes["latency"], [by_mode[mode].latency for mode in MODES]),
@@ -1099,6 +1100,10 @@ def cpu_table(results: Results, shapes: dict[str, str]) -> str:
             nginx_us = nginx.cpu_us_per("nginx", nginx.requests)
             sidecar_us = sidecar.cpu_us_per("sidecar", sidecar.requests)
             analysis_us = sidecar.cpu_us_per("analysis", sidecar.tokens)
+            # The whole process tree: forwarding and analysis per request (in one process,
+            # forwarding's figure holds both).
+            per_request = sidecar.cpu_us_per("analysis", sidecar.requests)
+            tree_us = sidecar_us + (0.0 if math.isnan(per_request) else per_request)
             lines.append(
                 _row(
                     [
@@ -1110,6 +1115,7 @@ def cpu_table(results: Results, shapes: dict[str, str]) -> str:
                         _number(sidecar_us, 0),
                         _number(sidecar_us / nginx_us, 2),
                         "in forwarding" if math.isnan(analysis_us) else _number(analysis_us, 1),
+                        _number(tree_us / nginx_us, 2),
                         "absent" if sidecar.shed is None else f"{sidecar.shed:,}",
                     ]
                 )
@@ -1598,6 +1604,7 @@ def render_report(results: Results, options: Options, facts: RunFacts) -> str:
         "",
         "CPU per request for forwarding (nginx: master and workers; sidecar: its forwarding "
         "process(es)), and the sidecar's analysis process per content event relayed; the "
+        "sidecar's whole tree (forwarding and analysis per request) against nginx; the "
         "upstream's from the direct rounds. Shed: chunks the sidecar's tap dropped "
         '(semhealth_dropped_total{stage="tap"}) in those rounds; '
         f"{analysis_note(facts.footprint)}:",

@@ -38,6 +38,11 @@ OTHER = "other"
 _ALERT_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS, m.VARIANT)
 
 
+def alert_labels(attrs: Mapping[str, AttributeValue]) -> dict[str, str]:
+    """The labels alert rules group by, as text, of those ``attrs`` has."""
+    return {key: str(attrs[key]) for key in _ALERT_LABELS if key in attrs}
+
+
 class LabelGuard:
     """Bounded label values: the first ``max_values`` distinct values of a key pass, later ones
     fold into ``other``. Routes are bounded by configuration; what this guards is every label
@@ -176,20 +181,22 @@ class Recorder:
             **self._variant,
         }
 
-    def _emit(self, signal: str, value: float, labels: Mapping[str, AttributeValue]) -> None:
+    def _emit(self, signal: str, value: float, labels: Mapping[str, str]) -> None:
+        """A sample for the alert rules; ``labels`` from ``alert_labels``, made once a record
+        and shared by its samples (read-only, as ``Sample`` types them)."""
         if self.consume_sample is not None:
-            plain = {key: str(labels[key]) for key in _ALERT_LABELS if key in labels}
-            self.consume_sample(Sample(signal, value, plain, self._wall_clock()))
+            self.consume_sample(Sample(signal, value, labels, self._wall_clock()))
 
     def record_relevance(self, record: StreamRecord, scores: RelevanceScores) -> None:
         """The calibrated scores of one record, once its embeddings are back."""
         attrs = self.semantic_attributes(record)
+        labels = alert_labels(attrs)
         if scores.context is not None:
             self._h["semantic_health_context_relevance_score"].record(scores.context, attrs)
-            self._emit("context_relevance_score", scores.context, attrs)
+            self._emit("context_relevance_score", scores.context, labels)
         if scores.answer is not None:
             self._h["semantic_health_answer_relevance_score"].record(scores.answer, attrs)
-            self._emit("answer_relevance_score", scores.answer, attrs)
+            self._emit("answer_relevance_score", scores.answer, labels)
 
     def consume_record(self, record: StreamRecord) -> None:
         semantic = self.semantic_attributes(record)
@@ -213,15 +220,16 @@ class Recorder:
         self._c["semantic_health_requests"].add(
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )
-        self._emit("request_success_rate", 0.0 if failure else 1.0, semantic)
+        labels = alert_labels(semantic)
+        self._emit("request_success_rate", 0.0 if failure else 1.0, labels)
         if record.provider_tools:  # few records have any: no Counter for the rest
             provider_tools = self._c["semantic_health_provider_tool_calls"]
             for kind, calls in Counter(record.provider_tools).items():
                 provider_tools.add(calls, {**semantic, m.TOOL_KIND: kind})
         self._record_gen_ai(record, gen_ai, failure)
         if record.continuity is not None:
-            self._record_continuity(record.continuity, semantic)
-        self._record_validity(record.validity, semantic)
+            self._record_continuity(record.continuity, semantic, labels)
+        self._record_validity(record.validity, semantic, labels)
 
     def _record_gen_ai(
         self, record: StreamRecord, attrs: dict[str, AttributeValue], failure: str
@@ -229,13 +237,15 @@ class Recorder:
         duration_attrs = {**attrs, m.ERROR: failure} if failure else attrs
         self._h["gen_ai.client.operation.duration"].record(record.duration_s, duration_attrs)
         # Alert labels use the short names; Signal.prometheus_labels maps them back.
-        alert_labels = {
-            m.ROUTE: attrs[m.ROUTE],
-            m.MODEL: attrs[m.RESPONSE_MODEL],
-            m.PROVIDER: attrs[m.GEN_AI_PROVIDER],
-            m.PROMPT_CLASS: attrs[m.PROMPT_CLASS],
-        }
-        self._emit("operation_duration", record.duration_s, alert_labels)
+        labels = alert_labels(
+            {
+                m.ROUTE: attrs[m.ROUTE],
+                m.MODEL: attrs[m.RESPONSE_MODEL],
+                m.PROVIDER: attrs[m.GEN_AI_PROVIDER],
+                m.PROMPT_CLASS: attrs[m.PROMPT_CLASS],
+            }
+        )
+        self._emit("operation_duration", record.duration_s, labels)
         tokens = self._h["gen_ai.client.token.usage"]
         if record.usage.input_tokens is not None:
             tokens.record(record.usage.input_tokens, {**attrs, m.TOKEN_TYPE: "input"})
@@ -250,10 +260,10 @@ class Recorder:
             return
         if record.ttfb_s is not None:
             self._h["gen_ai.client.operation.time_to_first_chunk"].record(record.ttfb_s, attrs)
-            self._emit("time_to_first_chunk", record.ttfb_s, alert_labels)
+            self._emit("time_to_first_chunk", record.ttfb_s, labels)
         if record.ttft_s is not None:
             self._h["gen_ai.server.time_to_first_token"].record(record.ttft_s, attrs)
-            self._emit("time_to_first_token", record.ttft_s, alert_labels)
+            self._emit("time_to_first_token", record.ttft_s, labels)
         # Every interval is counted: one measurement carries them all (see telemetry.batching).
         # A stream without two deltas records none: an empty batch would be held for nothing.
         intervals = StreamIntervals(intervals_s(record.delta_ns))
@@ -262,20 +272,25 @@ class Recorder:
         tpot = _time_per_output_token(record)
         if tpot is not None:
             self._h["gen_ai.server.time_per_output_token"].record(tpot, attrs)
-            self._emit("time_per_output_token", tpot, alert_labels)
+            self._emit("time_per_output_token", tpot, labels)
 
-    def _record_continuity(self, continuity: Continuity, attrs: dict[str, AttributeValue]) -> None:
+    def _record_continuity(
+        self, continuity: Continuity, attrs: dict[str, AttributeValue], labels: Mapping[str, str]
+    ) -> None:
         if continuity.index_s is None or continuity.max_gap_s is None:
             return
         self._h["semantic_health_stream_continuity_index"].record(continuity.index_s, attrs)
         self._h["semantic_health_stream_max_gap"].record(continuity.max_gap_s, attrs)
-        self._emit("stream_continuity_index", continuity.index_s, attrs)
-        self._emit("stream_max_gap", continuity.max_gap_s, attrs)
+        self._emit("stream_continuity_index", continuity.index_s, labels)
+        self._emit("stream_max_gap", continuity.max_gap_s, labels)
         if continuity.stalls:
             self._c["semantic_health_stream_stalls"].add(continuity.stalls, attrs)
 
     def _record_validity(
-        self, results: tuple[ValidityResult, ...], attrs: dict[str, AttributeValue]
+        self,
+        results: tuple[ValidityResult, ...],
+        attrs: dict[str, AttributeValue],
+        labels: Mapping[str, str],
     ) -> None:
         if not results:
             return
@@ -285,7 +300,7 @@ class Recorder:
             self._c["semantic_health_outputs"].add(1, {**attrs, m.RESULT: result.result})
             self._count_reasons(result, attrs)
             self.validity.add(key, result.result == "valid", now)
-            self._emit("model_output_validity_rate", float(result.result == "valid"), attrs)
+            self._emit("model_output_validity_rate", float(result.result == "valid"), labels)
 
     def _count_reasons(self, result: ValidityResult, attrs: dict[str, AttributeValue]) -> None:
         reasons = self._c["semantic_health_output_failure_reasons"]

@@ -140,11 +140,15 @@ def token_text(chunk: JsonObject, model: str | None) -> str | None:
     if type(delta) is not dict:
         return None
     text = delta.get("content")
-    if type(text) is not str or not text or delta.get("refusal") is not None:
+    if type(text) is not str or not text:
         return None
-    if "tool_calls" in delta or "function_call" in delta:
-        return None
-    if delta.get("reasoning_content") or delta.get("reasoning"):
+    if len(delta) > 1 and (  # a delta of content alone, as most are, has nothing else to check
+        delta.get("refusal") is not None
+        or "tool_calls" in delta
+        or "function_call" in delta
+        or delta.get("reasoning_content")
+        or delta.get("reasoning")
+    ):
         return None
     return text
 

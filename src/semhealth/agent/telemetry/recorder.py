@@ -38,7 +38,7 @@ OTHER = "other"
 _ALERT_LABELS = (m.ROUTE, m.MODEL, m.PROVIDER, m.PROMPT_CLASS, m.VARIANT)
 
 
-def alert_labels(attrs: Mapping[str, AttributeValue]) -> dict[str, str]:
+def _alert_labels(attrs: Mapping[str, AttributeValue]) -> dict[str, str]:
     """The labels alert rules group by, as text, of those ``attrs`` has."""
     return {key: str(attrs[key]) for key in _ALERT_LABELS if key in attrs}
 
@@ -182,15 +182,15 @@ class Recorder:
         }
 
     def _emit(self, signal: str, value: float, labels: Mapping[str, str]) -> None:
-        """A sample for the alert rules; ``labels`` from ``alert_labels``, made once a record
-        and shared by its samples (read-only, as ``Sample`` types them)."""
+        """A sample for the alert rules; ``labels`` are made once a record and shared by its
+        samples (read-only, as ``Sample`` types them)."""
         if self.consume_sample is not None:
             self.consume_sample(Sample(signal, value, labels, self._wall_clock()))
 
     def record_relevance(self, record: StreamRecord, scores: RelevanceScores) -> None:
         """The calibrated scores of one record, once its embeddings are back."""
         attrs = self.semantic_attributes(record)
-        labels = alert_labels(attrs)
+        labels = _alert_labels(attrs)
         if scores.context is not None:
             self._h["semantic_health_context_relevance_score"].record(scores.context, attrs)
             self._emit("context_relevance_score", scores.context, labels)
@@ -220,7 +220,7 @@ class Recorder:
         self._c["semantic_health_requests"].add(
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )
-        labels = alert_labels(semantic)
+        labels = _alert_labels(semantic)
         self._emit("request_success_rate", 0.0 if failure else 1.0, labels)
         if record.provider_tools:  # few records have any: no Counter for the rest
             provider_tools = self._c["semantic_health_provider_tool_calls"]
@@ -237,14 +237,12 @@ class Recorder:
         duration_attrs = {**attrs, m.ERROR: failure} if failure else attrs
         self._h["gen_ai.client.operation.duration"].record(record.duration_s, duration_attrs)
         # Alert labels use the short names; Signal.prometheus_labels maps them back.
-        labels = alert_labels(
-            {
-                m.ROUTE: attrs[m.ROUTE],
-                m.MODEL: attrs[m.RESPONSE_MODEL],
-                m.PROVIDER: attrs[m.GEN_AI_PROVIDER],
-                m.PROMPT_CLASS: attrs[m.PROMPT_CLASS],
-            }
-        )
+        labels = {
+            m.ROUTE: str(attrs[m.ROUTE]),
+            m.MODEL: str(attrs[m.RESPONSE_MODEL]),
+            m.PROVIDER: str(attrs[m.GEN_AI_PROVIDER]),
+            m.PROMPT_CLASS: str(attrs[m.PROMPT_CLASS]),
+        }
         self._emit("operation_duration", record.duration_s, labels)
         tokens = self._h["gen_ai.client.token.usage"]
         if record.usage.input_tokens is not None:

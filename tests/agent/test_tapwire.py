@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import os
 import tempfile
+import time
 
 import pytest
 import uvloop
@@ -224,6 +225,35 @@ async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
         (at, data), *_ = reads.reads
         assert [kind for kind, *_ in WireDecoder().feed(data)] == [OPEN, DATA, CLOSE]
         assert at - closed_at < 5  # FLUSH_S, not the copies' 30 s
+        server.close()
+        await wire.shutdown(0.1)
+
+
+async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The read woke the forwarder already: the batch goes in that wake-up, not the timer's.
+    # DATA_FLUSH_S is stretched so that the timer cannot be what sends it.
+    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    loop = asyncio.get_running_loop()
+    reads = _Reads()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await loop.create_unix_server(lambda: reads, path)
+        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=3600)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters: the last batch
+        reads.reads.clear()
+        reads.arrived.clear()
+        stream = wire.open_stream(_exchange())
+        stream.offer(b"data: 1\n\n", time.monotonic_ns())
+        await asyncio.sleep(FLUSH_S * 3)
+        assert reads.reads == []  # read within DATA_FLUSH_S of the last batch: it waits
+        stream.offer(b"data: 2\n\n", time.monotonic_ns() + 30 * 10**9)  # read 30 s on
+        await asyncio.wait_for(reads.arrived.wait(), 5)
+        frames = [frame for _, data in reads.reads for frame in WireDecoder().feed(data)]
+        assert [kind for kind, *_ in frames] == [OPEN, DATA, DATA]
         server.close()
         await wire.shutdown(0.1)
 

@@ -9,6 +9,13 @@ chunk sizes, extensions and trailers reach the client as the upstream sent them.
 head is rebuilt, from the raw header fields in their order and case, less the hop-by-hop
 fields (RFC 9110 §7.6.1).
 
+A read that is whole chunks of a chunked body (one SSE event a read, most often) is not given
+to the parser: it was between two chunks before the read and would be after it, so nothing it
+knows changes, and a hand check of the strictest chunk form (``_whole_chunks``) finds the
+body. Anything else, and every end, goes through llhttp. At one stream, where each read wakes a
+process whose caches others emptied, perf put 7.5 % of the forwarder's samples in the parser's
+module alone, its callbacks aside.
+
 Per upstream read: note the arrival time, parse, write to the client, then offer the body
 copy to the tap (which never blocks). A slow client pauses reading from the upstream and a
 slow upstream pauses reading from the client, so nothing is buffered beyond the transports'
@@ -352,6 +359,9 @@ class _Exchange:
         self.tail = b""  # the bytes parsed last (3 or more), for a CRLF CRLF over two reads
         self.finished = False
         self.pieces: list[bytes] = []
+        # The parser waits for a chunk's size line and has read none of it: a read of whole
+        # chunks would leave it so. Kept by its chunk callbacks and the read's last bytes.
+        self.between_chunks = False
         self.last_read_ns = 0  # the read timer compares with this; one clock read per chunk
         self.read_timer: asyncio.TimerHandle | None = None
         self.total_timer: asyncio.TimerHandle | None = None
@@ -488,6 +498,14 @@ class _Exchange:
         self.retry_log = None  # the upstream answered: never resend
         parser = self.parser
         assert parser is not None
+        if self.between_chunks:
+            body = _whole_chunks(data)
+            if body is not None:
+                self.tail = data
+                self.client.write(data)
+                if self.stream is not None:
+                    self.stream.offer(body, t)
+                return
         if not self.head_done:
             self.head_buf += data
         size = fed = len(data)
@@ -496,6 +514,8 @@ class _Exchange:
             fed = self._feed(data)
         except httptools.HttpParserError:  # HttpParserUpgrade too: a 101 was never asked for
             invalid = True
+        if self.between_chunks and not data.endswith(b"\r\n"):
+            self.between_chunks = False  # a chunk-size line begun: no callback says so
         if self.finished:
             return
         if fed < size:
@@ -620,6 +640,8 @@ class _Exchange:
             if request.http10:
                 self.passthrough = False
                 self.close_client = True
+            else:
+                self.between_chunks = True
         elif content_length:
             self.upstream_framing = "length"
         else:
@@ -651,6 +673,12 @@ class _Exchange:
     def on_body(self, body: bytes) -> None:
         if self.head_done:
             self.pieces.append(body)
+
+    def on_chunk_header(self) -> None:
+        self.between_chunks = False
+
+    def on_chunk_complete(self) -> None:
+        self.between_chunks = self.passthrough
 
     def on_message_complete(self) -> None:
         if self.head_done:  # else a 1xx interim response: the final one follows
@@ -788,6 +816,8 @@ class _ResponseCallbacks:
 
     __slots__ = (
         "on_body",
+        "on_chunk_complete",
+        "on_chunk_header",
         "on_header",
         "on_headers_complete",
         "on_message_complete",
@@ -799,6 +829,8 @@ class _ResponseCallbacks:
         self.on_header = exchange.on_header
         self.on_headers_complete = exchange.on_headers_complete
         self.on_body = exchange.on_body
+        self.on_chunk_header = exchange.on_chunk_header
+        self.on_chunk_complete = exchange.on_chunk_complete
         self.on_message_complete = exchange.on_message_complete
 
 
@@ -1122,6 +1154,29 @@ def _replayable(request: _Request) -> bool:
     return request.method in _IDEMPOTENT or any(
         name.lower() in _IDEMPOTENCY_KEYS for name, _ in request.headers
     )
+
+
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+
+
+def _whole_chunks(data: bytes) -> bytes | None:
+    """The body ``data`` carries if it is whole chunks (RFC 9112 §7.1) in their strictest
+    form: a size of one to eight hex digits, not zero, no extension, the data, CRLF. Else
+    None, and llhttp judges ``data``: whatever it would refuse is refused here by not being
+    taken."""
+    bodies = []
+    pos, end = 0, len(data)
+    while pos < end:
+        line = data.find(b"\r\n", pos, pos + 10)
+        if line <= pos or data[pos:line].strip(_HEX_DIGITS):
+            return None
+        start = line + 2
+        stop = start + int(data[pos:line], 16)
+        if stop == start or data[stop : stop + 2] != b"\r\n":
+            return None
+        bodies.append(data[start:stop])
+        pos = stop + 2
+    return bodies[0] if len(bodies) == 1 else b"".join(bodies)
 
 
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:

@@ -26,12 +26,14 @@ from semhealth.agent.wire import (
     MAX_CHUNK_BYTES,
     MIN_TAP_BUDGET,
     OPEN,
+    STATS,
     Outcome,
     WireDecoder,
     decode_close,
     decode_open,
     encode_close,
     encode_open,
+    stats_from,
 )
 from semhealth.collectors.collector import Exchange
 from semhealth.collectors.record import StreamRecord
@@ -254,6 +256,53 @@ async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its
         await asyncio.wait_for(reads.arrived.wait(), 5)
         frames = [frame for _, data in reads.reads for frame in WireDecoder().feed(data)]
         assert [kind for kind, *_ in frames] == [OPEN, DATA, DATA]
+        server.close()
+        await wire.shutdown(0.1)
+
+
+async def test_the_counters_ride_a_batch_once_half_their_interval_has_passed() -> None:
+    loop = asyncio.get_running_loop()
+    reads = _Reads()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await loop.create_unix_server(lambda: reads, path)
+        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=2.0)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters, sent on connecting
+        reads.reads.clear()
+        reads.arrived.clear()
+        stream = wire.open_stream(_exchange())
+        await asyncio.sleep(1.1)  # past half the interval, short of the counters' timer
+        reads.arrived.clear()  # the open went on its own timer meanwhile
+        stream.offer(b"data: 1\n\n", time.monotonic_ns() + 10**10)  # a batch goes now
+        await asyncio.wait_for(reads.arrived.wait(), 0.5)
+        frames = [frame for _, data in reads.reads for frame in WireDecoder().feed(data)]
+        assert [kind for kind, *_ in frames] == [OPEN, DATA, STATS]
+        server.close()
+        await wire.shutdown(0.1)
+
+
+async def test_unchanged_counters_are_not_sent_and_changed_ones_within_their_interval() -> None:
+    loop = asyncio.get_running_loop()
+    reads = _Reads()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await loop.create_unix_server(lambda: reads, path)
+        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=0.1)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters, sent on connecting
+        reads.reads.clear()
+        reads.arrived.clear()
+        await asyncio.sleep(1.0)  # ten intervals, nothing counted: analysis is left asleep
+        assert reads.reads == []
+        wire.unanalysed("oversized")
+        await asyncio.wait_for(reads.arrived.wait(), 1.0)
+        ((_, data),) = reads.reads
+        ((kind, _, _, payload),) = WireDecoder().feed(data)
+        assert kind == STATS
+        assert stats_from(payload).requests_unanalysed == {"oversized": 1}
         server.close()
         await wire.shutdown(0.1)
 

@@ -2,7 +2,10 @@
 (``semhealth.agent.wire``) and sent to the analysis process over a Unix socket in batches,
 never awaited: copies wait up to 250 ms, a stream's end (with what waits before it) up to
 50 ms, and once 32 KiB wait they go at the end of the loop iteration. A copy read when the
-last batch went 250 ms ago goes in the wake-up its read made, not the timer's.
+last batch went 250 ms ago goes in the wake-up its read made, not the timer's. The
+forwarder's counters (``STATS``) go with a batch once half a second old, and on their own
+only after a second without one, and then only if they changed: an idle forwarder never
+wakes analysis.
 
 The forwarder's side keeps the bytes it has not yet handed to the kernel under a budget:
 past it, data frames are shed and counted (``dropped{stage="tap"}``) and the stream is
@@ -87,8 +90,10 @@ class WireTap:
         self._flush_due = 0.0  # the loop time the timer fires at
         self._flush_soon = False  # a flush is queued for the end of this loop iteration
         self._batch_due_ns = 0  # a copy read from then on (monotonic_ns) goes with its read
+        self._stats_sent: bytes | None = None  # the counters analysis has
+        self._stats_timer: asyncio.TimerHandle | None = None
+        self._stats_ride_ns = 0  # from then on (monotonic_ns) the counters go with a batch
         self._transport: asyncio.WriteTransport | None = None
-        self._generation = 0  # bumped on every reconnect: older streams are lost
         self._streams: dict[int, _WireStream] = {}
         self._next_id = 0
         self._task: asyncio.Task[None] | None = None
@@ -197,9 +202,16 @@ class WireTap:
         if transport is None or not self._buf:
             self._buf.clear()
             return
+        now = time.monotonic_ns()
+        if self._stats_timer is not None and now >= self._stats_ride_ns:
+            # Half an interval since the counters went: they ride this batch, and their
+            # timer, pushed back, never wakes the forwarder while batches keep going.
+            frame = self._stats_frame(always=False)
+            if frame is not None:
+                self._buf += frame
         transport.write(bytes(self._buf))
         self._buf.clear()
-        self._batch_due_ns = time.monotonic_ns() + int(DATA_FLUSH_S * 1e9)
+        self._batch_due_ns = now + int(DATA_FLUSH_S * 1e9)
 
     def _reset(self) -> None:
         """Drop the connection; every stream in flight is lost to analysis (counted)."""
@@ -213,6 +225,7 @@ class WireTap:
                 self.stats.streams_shed += 1
         self._streams.clear()
         self._connected.clear()
+        self._stop_stats()
         if transport is not None:
             transport.abort()
 
@@ -247,15 +260,29 @@ class WireTap:
             self._connected.set()
             self._send_stats()
             try:
-                while not lost.done():
-                    await asyncio.wait([lost], timeout=self._stats_interval_s)
-                    if not lost.done():
-                        self._send_stats()
+                await lost
             finally:
                 if self._transport is transport:
                     self._reset()
 
-    def _send_stats(self) -> None:
+    # -- counters
+
+    def _send_stats(self, *, always: bool = True) -> None:
+        """The counters, sent in the wake-up that made them (waiting would cost the
+        forwarder a second one); unless ``always``, only if analysis does not have them."""
+        frame = self._stats_frame(always=always)
+        if frame is not None:
+            self._append(frame, within_s=0.0)
+
+    def _stats_tick(self) -> None:
+        # No batch took the counters for a whole interval. Unchanged, they are not sent:
+        # an idle forwarder does not wake analysis.
+        self._stats_timer = None
+        self._send_stats(always=False)
+
+    def _stats_frame(self, *, always: bool) -> bytes | None:
+        """The counters as a STATS frame, or None if unchanged and not ``always``; the next
+        are due an interval from now, or with a batch from half that."""
         stats = self.stats
         if self._relay_stats is not None:
             active, rejected, errors = self._relay_stats()
@@ -263,9 +290,21 @@ class WireTap:
             stats.requests_rejected = dict(rejected)
             stats.relay_errors = dict(errors)
         payload = orjson.dumps(asdict(stats))
-        frame = HEADER.pack(STATS, 0, time.monotonic_ns(), len(payload)) + payload
-        # Sent in the wake-up that made it: waiting would cost the forwarder a second one.
-        self._append(frame, within_s=0.0)
+        loop = self._loop or asyncio.get_running_loop()
+        if self._stats_timer is not None:
+            self._stats_timer.cancel()
+        self._stats_timer = loop.call_later(self._stats_interval_s, self._stats_tick)
+        now = time.monotonic_ns()
+        self._stats_ride_ns = now + int(self._stats_interval_s / 2 * 1e9)
+        if payload == self._stats_sent and not always:
+            return None
+        self._stats_sent = payload
+        return HEADER.pack(STATS, 0, now, len(payload)) + payload
+
+    def _stop_stats(self) -> None:
+        if self._stats_timer is not None:
+            self._stats_timer.cancel()
+            self._stats_timer = None
 
     async def shutdown(self, timeout_s: float = 2.0) -> None:
         """Send the last counters and what is buffered, then close."""
@@ -273,6 +312,7 @@ class WireTap:
         transport = self._transport
         if transport is not None:
             self._send_stats()
+            self._stop_stats()
             self._flush()
             deadline = time.monotonic() + timeout_s
             # A bare transport has no drain event; this runs once, at shutdown.

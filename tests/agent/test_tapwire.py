@@ -18,7 +18,7 @@ from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.tap import Tap
 from semhealth.agent.dataplane import wiretap
 from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
-from semhealth.agent.dataplane.wiretap import DATA_FLUSH_S, FLUSH_S, WireTap
+from semhealth.agent.dataplane.wiretap import FLUSH_S, OPEN_FLUSH_S, WireTap
 from semhealth.agent.wire import (
     CLOSE,
     DATA,
@@ -204,8 +204,10 @@ async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
 ) -> None:
     # Fewer writes wake analysis less, but a stream's record must follow its end promptly:
     # copies wait up to DATA_FLUSH_S, an end (and what waits before it) up to FLUSH_S.
-    # DATA_FLUSH_S is stretched so that an end that waited with the copies cannot pass.
+    # DATA_FLUSH_S (and the open's) are stretched so that an end that waited with the copies
+    # cannot pass.
     monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
     loop = asyncio.get_running_loop()
     reads = _Reads()
     with tempfile.TemporaryDirectory() as directory:
@@ -231,12 +233,41 @@ async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
         await wire.shutdown(0.1)
 
 
+async def test_a_streams_open_goes_within_open_flush_s_though_copies_may_wait_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Live shadowing starts its candidate when analysis sees the open: it does not wait for
+    # the copies' batch.
+    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    loop = asyncio.get_running_loop()
+    reads = _Reads()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await loop.create_unix_server(lambda: reads, path)
+        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=3600)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters: the last batch
+        reads.reads.clear()
+        reads.arrived.clear()
+        opened_at = loop.time()
+        stream = wire.open_stream(_exchange())
+        stream.offer(b"data: 1\n\n", time.monotonic_ns())
+        await asyncio.wait_for(reads.arrived.wait(), 10)
+        (at, data), *_ = reads.reads
+        assert [kind for kind, *_ in WireDecoder().feed(data)] == [OPEN, DATA]
+        assert at - opened_at < 5  # OPEN_FLUSH_S, not the copies' 30 s
+        server.close()
+        await wire.shutdown(0.1)
+
+
 async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The read woke the forwarder already: the batch goes in that wake-up, not the timer's.
-    # DATA_FLUSH_S is stretched so that the timer cannot be what sends it.
+    # DATA_FLUSH_S (and the open's) are stretched so that a timer cannot be what sends it.
     monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
     loop = asyncio.get_running_loop()
     reads = _Reads()
     with tempfile.TemporaryDirectory() as directory:
@@ -329,7 +360,7 @@ async def test_the_smallest_budget_holds_the_frame_of_the_largest_chunk(
         await wire.start()
         assert await wire.wait_connected(5)
         stream = wire.open_stream(_exchange())
-        await asyncio.sleep(DATA_FLUSH_S * 2)  # the OPEN frame goes to the kernel: nothing held
+        await asyncio.sleep(OPEN_FLUSH_S * 2)  # the OPEN frame goes to the kernel: nothing held
         stream.offer(b"x" * MAX_CHUNK_BYTES, 1)
         assert stream.shed is shed
         assert wire.stats.wire_resets == 0

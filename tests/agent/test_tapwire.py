@@ -4,10 +4,12 @@ under its budget instead of waiting."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import tempfile
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import uvloop
@@ -199,6 +201,28 @@ class _Reads(asyncio.Protocol):
         self.arrived.set()
 
 
+@contextlib.asynccontextmanager
+async def _wired(*, stats_interval_s: float) -> AsyncIterator[tuple[_Reads, WireTap]]:
+    """A connected wire whose analysis end keeps its reads, from after the counters sent on
+    connecting (the wire's last batch)."""
+    loop = asyncio.get_running_loop()
+    reads = _Reads()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await loop.create_unix_server(lambda: reads, path)
+        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=stats_interval_s)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        await asyncio.wait_for(reads.arrived.wait(), 10)
+        reads.reads.clear()
+        reads.arrived.clear()
+        try:
+            yield reads, wire
+        finally:
+            server.close()
+            await wire.shutdown(0.1)
+
+
 async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -209,16 +233,7 @@ async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
     monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
     monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
     loop = asyncio.get_running_loop()
-    reads = _Reads()
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "tap.sock")
-        server = await loop.create_unix_server(lambda: reads, path)
-        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=3600)
-        await wire.start()
-        assert await wire.wait_connected(5)
-        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters, sent on connecting
-        reads.reads.clear()
-        reads.arrived.clear()
+    async with _wired(stats_interval_s=3600) as (reads, wire):
         stream = wire.open_stream(_exchange())
         stream.offer(b"data: 1\n\n", 10)
         await asyncio.sleep(FLUSH_S * 3)
@@ -229,8 +244,6 @@ async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
         (at, data), *_ = reads.reads
         assert [kind for kind, *_ in WireDecoder().feed(data)] == [OPEN, DATA, CLOSE]
         assert at - closed_at < 5  # FLUSH_S, not the copies' 30 s
-        server.close()
-        await wire.shutdown(0.1)
 
 
 async def test_a_streams_open_goes_within_open_flush_s_though_copies_may_wait_longer(
@@ -240,16 +253,7 @@ async def test_a_streams_open_goes_within_open_flush_s_though_copies_may_wait_lo
     # the copies' batch.
     monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
     loop = asyncio.get_running_loop()
-    reads = _Reads()
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "tap.sock")
-        server = await loop.create_unix_server(lambda: reads, path)
-        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=3600)
-        await wire.start()
-        assert await wire.wait_connected(5)
-        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters: the last batch
-        reads.reads.clear()
-        reads.arrived.clear()
+    async with _wired(stats_interval_s=3600) as (reads, wire):
         opened_at = loop.time()
         stream = wire.open_stream(_exchange())
         stream.offer(b"data: 1\n\n", time.monotonic_ns())
@@ -257,8 +261,6 @@ async def test_a_streams_open_goes_within_open_flush_s_though_copies_may_wait_lo
         (at, data), *_ = reads.reads
         assert [kind for kind, *_ in WireDecoder().feed(data)] == [OPEN, DATA]
         assert at - opened_at < 5  # OPEN_FLUSH_S, not the copies' 30 s
-        server.close()
-        await wire.shutdown(0.1)
 
 
 async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its_read(
@@ -268,17 +270,7 @@ async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its
     # DATA_FLUSH_S (and the open's) are stretched so that a timer cannot be what sends it.
     monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
     monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
-    loop = asyncio.get_running_loop()
-    reads = _Reads()
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "tap.sock")
-        server = await loop.create_unix_server(lambda: reads, path)
-        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=3600)
-        await wire.start()
-        assert await wire.wait_connected(5)
-        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters: the last batch
-        reads.reads.clear()
-        reads.arrived.clear()
+    async with _wired(stats_interval_s=3600) as (reads, wire):
         stream = wire.open_stream(_exchange())
         stream.offer(b"data: 1\n\n", time.monotonic_ns())
         await asyncio.sleep(FLUSH_S * 3)
@@ -287,45 +279,21 @@ async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its
         await asyncio.wait_for(reads.arrived.wait(), 5)
         frames = [frame for _, data in reads.reads for frame in WireDecoder().feed(data)]
         assert [kind for kind, *_ in frames] == [OPEN, DATA, DATA]
-        server.close()
-        await wire.shutdown(0.1)
 
 
 async def test_the_counters_ride_a_batch_once_half_their_interval_has_passed() -> None:
-    loop = asyncio.get_running_loop()
-    reads = _Reads()
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "tap.sock")
-        server = await loop.create_unix_server(lambda: reads, path)
-        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=2.0)
-        await wire.start()
-        assert await wire.wait_connected(5)
-        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters, sent on connecting
-        reads.reads.clear()
-        reads.arrived.clear()
+    async with _wired(stats_interval_s=4.0) as (reads, wire):
         stream = wire.open_stream(_exchange())
-        await asyncio.sleep(1.1)  # past half the interval, short of the counters' timer
+        await asyncio.sleep(2.1)  # past half the interval, well short of the counters' timer
         reads.arrived.clear()  # the open went on its own timer meanwhile
         stream.offer(b"data: 1\n\n", time.monotonic_ns() + 10**10)  # a batch goes now
-        await asyncio.wait_for(reads.arrived.wait(), 0.5)
+        await asyncio.wait_for(reads.arrived.wait(), 1.0)
         frames = [frame for _, data in reads.reads for frame in WireDecoder().feed(data)]
         assert [kind for kind, *_ in frames] == [OPEN, DATA, STATS]
-        server.close()
-        await wire.shutdown(0.1)
 
 
 async def test_unchanged_counters_are_not_sent_and_changed_ones_within_their_interval() -> None:
-    loop = asyncio.get_running_loop()
-    reads = _Reads()
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "tap.sock")
-        server = await loop.create_unix_server(lambda: reads, path)
-        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=0.1)
-        await wire.start()
-        assert await wire.wait_connected(5)
-        await asyncio.wait_for(reads.arrived.wait(), 10)  # the counters, sent on connecting
-        reads.reads.clear()
-        reads.arrived.clear()
+    async with _wired(stats_interval_s=0.1) as (reads, wire):
         await asyncio.sleep(1.0)  # ten intervals, nothing counted: analysis is left asleep
         assert reads.reads == []
         wire.unanalysed("oversized")
@@ -334,8 +302,6 @@ async def test_unchanged_counters_are_not_sent_and_changed_ones_within_their_int
         ((kind, _, _, payload),) = WireDecoder().feed(data)
         assert kind == STATS
         assert stats_from(payload).requests_unanalysed == {"oversized": 1}
-        server.close()
-        await wire.shutdown(0.1)
 
 
 class _Silent(asyncio.Protocol):

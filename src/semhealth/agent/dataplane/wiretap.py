@@ -3,10 +3,9 @@
 never awaited: copies wait up to a second, a stream's open up to 250 ms, its end (with what
 waits before it) up to 50 ms, and once 32 KiB wait they go at the end of the loop iteration.
 A copy read when the last batch went a second ago goes in the wake-up its read made, not the
-timer's. The
-forwarder's counters (``STATS``) go with a batch once half a second old, and on their own
-only after a second without one, and then only if they changed: an idle forwarder never
-wakes analysis.
+timer's. The forwarder's counters (``STATS``) go with a batch once half a second old, and on
+their own only after a second without one, and then only if they changed: an idle forwarder
+never wakes analysis.
 
 The forwarder's side keeps the bytes it has not yet handed to the kernel under a budget:
 past it, data frames are shed and counted (``dropped{stage="tap"}``) and the stream is

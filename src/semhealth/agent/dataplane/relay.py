@@ -1168,10 +1168,13 @@ def _whole_chunks(data: bytes) -> bytes | None:
     pos, end = 0, len(data)
     while pos < end:
         line = data.find(b"\r\n", pos, pos + 10)
-        if line <= pos or data[pos:line].strip(_HEX_DIGITS):
+        if line <= pos:
+            return None
+        size = data[pos:line]
+        if size.strip(_HEX_DIGITS):
             return None
         start = line + 2
-        stop = start + int(data[pos:line], 16)
+        stop = start + int(size, 16)
         if stop == start or data[stop : stop + 2] != b"\r\n":
             return None
         bodies.append(data[start:stop])

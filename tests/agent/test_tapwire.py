@@ -304,6 +304,27 @@ async def test_unchanged_counters_are_not_sent_and_changed_ones_within_their_int
         assert stats_from(payload).requests_unanalysed == {"oversized": 1}
 
 
+async def test_changed_counters_wait_with_the_copies_rather_than_wake_analysis_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The copies' timers are stretched: once the counters' timer has fired, they wait with
+    # the copies for another interval at most, so a stream's end in that time takes both.
+    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
+    async with _wired(stats_interval_s=2.0) as (reads, wire):
+        stream = wire.open_stream(_exchange())
+        stream.offer(b"data: 1\n\n", time.monotonic_ns())
+        wire.unanalysed("oversized")
+        await asyncio.sleep(3.0)  # past the counters' timer (2 s), short of their deadline (4 s)
+        assert reads.reads == []
+        stream.close(Outcome(end_ns=time.monotonic_ns()))
+        await asyncio.wait_for(reads.arrived.wait(), 10)
+        ((_, data),) = reads.reads
+        frames = WireDecoder().feed(data)
+        assert [kind for kind, *_ in frames] == [OPEN, DATA, STATS, CLOSE]
+        assert stats_from(frames[2][3]).requests_unanalysed == {"oversized": 1}
+
+
 class _Silent(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.pause_reading()  # type: ignore[attr-defined]

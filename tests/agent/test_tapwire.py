@@ -10,6 +10,7 @@ import os
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from typing import cast
 
 import pytest
 import uvloop
@@ -173,6 +174,56 @@ async def test_a_full_budget_sheds_copies_and_counts_them() -> None:
         assert stream.shed
         assert wire.stats.streams_shed == 1
         assert wire.stats.chunks_dropped > 0
+        server.close()
+        await wire.shutdown(0.1)
+
+
+class _Paused(asyncio.Protocol):
+    """An analysis end that reads nothing until told to, then counts what it reads."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.ReadTransport | None = None
+        self.read = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.ReadTransport, transport)
+        self.transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.read += len(data)
+
+
+async def test_a_backlog_that_drained_since_the_last_write_no_longer_counts_against_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Timers stretched: no write happens between the backlog draining and the copy offered.
+    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
+    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    budget = 256 * 1024
+    analysis = _Paused()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        server = await asyncio.get_running_loop().create_unix_server(lambda: analysis, path)
+        wire = WireTap(path, budget_bytes=budget, stats_interval_s=3600)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        first = wire.open_stream(_exchange())
+        for _ in range(4000):  # till the kernel's buffer and then the budget are full
+            first.offer(b"x" * 1024, 1)
+            await asyncio.sleep(0)
+            if first.shed:
+                break
+        assert first.shed
+        second = wire.open_stream(_exchange())
+        assert analysis.transport is not None
+        analysis.transport.resume_reading()
+        read = -1
+        while read != analysis.read:  # until a pause passes with nothing more to read
+            read = analysis.read
+            await asyncio.sleep(0.2)
+        second.offer(b"y" * (budget // 2), 2)
+        assert not second.shed
+        assert wire.stats.streams_shed == 1
         server.close()
         await wire.shutdown(0.1)
 

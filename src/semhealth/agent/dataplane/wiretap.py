@@ -72,7 +72,7 @@ class _WireStream:
 
 
 class WireTap:
-    """The forwarder's tap: frames copies into a buffer flushed once per loop iteration."""
+    """The forwarder's tap: holds copies and control frames in order, framed into one write."""
 
     def __init__(
         self,
@@ -88,7 +88,11 @@ class WireTap:
         self._stats_interval_s = stats_interval_s
         self._relay_stats = relay_stats  # (active, rejected, errors) from the relay
         self.stats = ForwarderStats(worker=worker, pid=os.getpid())
-        self._buf = bytearray()
+        # Frames waiting, in order: control frames encoded, copies as (stream id, arrival
+        # time, bytes), framed at the flush; and their size as the wire will carry them.
+        self._frames: list[bytes | tuple[int, int, bytes]] = []
+        self._held = 0
+        self._backlog = 0  # the transport's write buffer when last asked (drains till a write)
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flush_due = 0.0  # the loop time the timer fires at
         self._flush_soon = False  # a flush is queued for the end of this loop iteration
@@ -129,21 +133,25 @@ class WireTap:
         if stream.shed:
             self.stats.chunks_dropped += 1
             return
-        buf = self._buf
-        pending = len(buf) + self._kernel_backlog()
-        if pending + HEADER.size + len(chunk) > self._budget:  # the frame, as it is held
+        held = self._held + HEADER.size + len(chunk)  # the frame, as the wire carries it
+        # The transport's buffer drains but never grows between writes: the figure last
+        # asked bounds it, and the transport is asked again only when that bound is too
+        # close. A copy is framed at the flush. At one stream, framing and asking per copy
+        # cost the forwarder 0.8 ms of about 11 a request (eight interleaved pairs).
+        budget = self._budget
+        if held + self._backlog > budget and held + self._kernel_backlog() > budget:
             stream.shed = True
             self.stats.streams_shed += 1
             self.stats.chunks_dropped += 1
             return
-        buf += HEADER.pack(DATA, stream.id, t, len(chunk))
-        buf += chunk
+        self._held = held
+        self._frames.append((stream.id, t, chunk))
         if t >= self._batch_due_ns:
             # A batch is due and this read woke the forwarder already: sent now, the timer
             # never fires while copies keep coming. At one stream that is five wake-ups a
             # request of about seventy, and 3-4 % of the forwarder's CPU.
             self._schedule_flush(0.0)
-        elif self._flush_timer is None or len(buf) >= FLUSH_BYTES:
+        elif self._flush_timer is None or held >= FLUSH_BYTES:
             self._schedule_flush(DATA_FLUSH_S)
 
     def close_stream(self, stream: _WireStream, outcome: Outcome) -> None:
@@ -155,17 +163,19 @@ class WireTap:
 
     def _kernel_backlog(self) -> int:
         transport = self._transport
-        return transport.get_write_buffer_size() if transport is not None else 0
+        self._backlog = transport.get_write_buffer_size() if transport is not None else 0
+        return self._backlog
 
     def _append(self, frame: bytes, *, within_s: float) -> None:
         """Queue a control frame: small, one an exchange end, never shed under the budget."""
         if self._transport is None:
             return
-        if len(self._buf) + self._kernel_backlog() + len(frame) > 2 * self._budget:
+        if self._held + self._kernel_backlog() + len(frame) > 2 * self._budget:
             log.warning("analysis is not reading the tap: resetting the wire")
             self._reset()
             return
-        self._buf += frame
+        self._frames.append(frame)
+        self._held += len(frame)
         self._schedule_flush(within_s)
 
     def _schedule_flush(self, within_s: float) -> None:
@@ -183,7 +193,7 @@ class WireTap:
         if self._flush_soon:
             return
         loop = self._loop or asyncio.get_running_loop()
-        if len(self._buf) >= FLUSH_BYTES:
+        if self._held >= FLUSH_BYTES:
             self._flush_soon = True
             if self._flush_timer is not None:
                 self._flush_timer.cancel()
@@ -206,8 +216,8 @@ class WireTap:
             self._flush_timer.cancel()
             self._flush_timer = None
         transport = self._transport
-        if transport is None or not self._buf:
-            self._buf.clear()
+        if transport is None or not self._frames:
+            self._clear()
             return
         now = time.monotonic_ns()
         if self._stats_timer is not None and now >= self._stats_ride_ns:
@@ -215,15 +225,21 @@ class WireTap:
             # timer, pushed back, never wakes the forwarder while batches keep going.
             frame = self._stats_frame(always=False)
             if frame is not None:
-                self._buf += frame
-        transport.write(bytes(self._buf))
-        self._buf.clear()
+                self._frames.append(frame)
+        transport.write(_encoded(self._frames))
+        self._clear()
+        self._backlog = transport.get_write_buffer_size()
         self._batch_due_ns = now + int(DATA_FLUSH_S * 1e9)
+
+    def _clear(self) -> None:
+        self._frames.clear()
+        self._held = 0
 
     def _reset(self) -> None:
         """Drop the connection; every stream in flight is lost to analysis (counted)."""
         transport, self._transport = self._transport, None
-        self._buf.clear()
+        self._clear()
+        self._backlog = 0
         self.stats.wire_resets += 1
         for stream in self._streams.values():
             stream.lost = True
@@ -289,7 +305,7 @@ class WireTap:
         self._stats_timer = None
         frame = self._stats_frame(always=False)
         if frame is not None:
-            self._append(frame, within_s=self._stats_interval_s if self._buf else 0.0)
+            self._append(frame, within_s=self._stats_interval_s if self._frames else 0.0)
 
     def _stats_frame(self, *, always: bool) -> bytes | None:
         """The counters as a STATS frame, or None if unchanged and not ``always``; the next
@@ -335,6 +351,18 @@ class WireTap:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _encoded(frames: list[bytes | tuple[int, int, bytes]]) -> bytes:
+    out = bytearray()
+    for frame in frames:
+        if isinstance(frame, tuple):
+            stream_id, t, chunk = frame
+            out += HEADER.pack(DATA, stream_id, t, len(chunk))
+            out += chunk
+        else:
+            out += frame
+    return bytes(out)
 
 
 class _WireProtocol(asyncio.Protocol):

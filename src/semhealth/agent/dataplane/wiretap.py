@@ -353,7 +353,9 @@ class WireTap:
                 await task
 
 
-def _encoded(frames: list[bytes | tuple[int, int, bytes]]) -> bytes:
+def _encoded(frames: list[bytes | tuple[int, int, bytes]]) -> bytearray:
+    """The frames as the wire carries them; a new buffer each flush, so the transport may
+    keep it without a copy."""
     out = bytearray()
     for frame in frames:
         if isinstance(frame, tuple):
@@ -362,7 +364,7 @@ def _encoded(frames: list[bytes | tuple[int, int, bytes]]) -> bytes:
             out += chunk
         else:
             out += frame
-    return bytes(out)
+    return out
 
 
 class _WireProtocol(asyncio.Protocol):

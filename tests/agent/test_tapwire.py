@@ -21,7 +21,7 @@ from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.tap import Tap
 from semhealth.agent.dataplane import wiretap
 from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
-from semhealth.agent.dataplane.wiretap import FLUSH_S, OPEN_FLUSH_S, WireTap
+from semhealth.agent.dataplane.wiretap import FLUSH_S, OPEN_FLUSH_S, WireTap, _WireStream
 from semhealth.agent.wire import (
     CLOSE,
     DATA,
@@ -274,6 +274,18 @@ async def _wired(*, stats_interval_s: float) -> AsyncIterator[tuple[_Reads, Wire
             await wire.shutdown(0.1)
 
 
+def _stretch_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies and opens wait 30 s: whatever a test sees sent sooner, something else sent."""
+    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
+    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
+
+
+def _open_with_a_copy(wire: WireTap) -> _WireStream:
+    stream = wire.open_stream(_exchange())
+    stream.offer(b"data: 1\n\n", time.monotonic_ns())
+    return stream
+
+
 async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -281,8 +293,7 @@ async def test_copies_wait_for_a_batch_and_a_streams_end_goes_within_flush_s(
     # copies wait up to DATA_FLUSH_S, an end (and what waits before it) up to FLUSH_S.
     # DATA_FLUSH_S (and the open's) are stretched so that an end that waited with the copies
     # cannot pass.
-    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
-    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
+    _stretch_timers(monkeypatch)
     loop = asyncio.get_running_loop()
     async with _wired(stats_interval_s=3600) as (reads, wire):
         stream = wire.open_stream(_exchange())
@@ -306,8 +317,7 @@ async def test_a_streams_open_goes_within_open_flush_s_though_copies_may_wait_lo
     loop = asyncio.get_running_loop()
     async with _wired(stats_interval_s=3600) as (reads, wire):
         opened_at = loop.time()
-        stream = wire.open_stream(_exchange())
-        stream.offer(b"data: 1\n\n", time.monotonic_ns())
+        _open_with_a_copy(wire)
         await asyncio.wait_for(reads.arrived.wait(), 10)
         (at, data), *_ = reads.reads
         assert [kind for kind, *_ in WireDecoder().feed(data)] == [OPEN, DATA]
@@ -319,11 +329,9 @@ async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its
 ) -> None:
     # The read woke the forwarder already: the batch goes in that wake-up, not the timer's.
     # DATA_FLUSH_S (and the open's) are stretched so that a timer cannot be what sends it.
-    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
-    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
+    _stretch_timers(monkeypatch)
     async with _wired(stats_interval_s=3600) as (reads, wire):
-        stream = wire.open_stream(_exchange())
-        stream.offer(b"data: 1\n\n", time.monotonic_ns())
+        stream = _open_with_a_copy(wire)
         await asyncio.sleep(FLUSH_S * 3)
         assert reads.reads == []  # read within DATA_FLUSH_S of the last batch: it waits
         stream.offer(b"data: 2\n\n", time.monotonic_ns() + 30 * 10**9)  # read 30 s on
@@ -360,11 +368,9 @@ async def test_changed_counters_wait_with_the_copies_rather_than_wake_analysis_a
 ) -> None:
     # The copies' timers are stretched: once the counters' timer has fired, they wait with
     # the copies for another interval at most, so a stream's end in that time takes both.
-    monkeypatch.setattr(wiretap, "DATA_FLUSH_S", 30.0)
-    monkeypatch.setattr(wiretap, "OPEN_FLUSH_S", 30.0)
+    _stretch_timers(monkeypatch)
     async with _wired(stats_interval_s=2.0) as (reads, wire):
-        stream = wire.open_stream(_exchange())
-        stream.offer(b"data: 1\n\n", time.monotonic_ns())
+        stream = _open_with_a_copy(wire)
         wire.unanalysed("oversized")
         await asyncio.sleep(3.0)  # past the counters' timer (2 s), short of their deadline (4 s)
         assert reads.reads == []

@@ -160,3 +160,49 @@ async def test_shutdown_closes_idle_connections_at_once_while_another_drains() -
         finally:
             idle_writer.close()
             busy_writer.close()
+
+
+# --------------------------------------------------------------------------- quiet
+
+
+def _quiet_relay(url: str, quiet_after_s: float) -> tuple[Relay, list[float]]:
+    """A relay that notes the loop time of each call of its quiet hook."""
+    calls: list[float] = []
+    relay = Relay(
+        UpstreamSettings(url=url),
+        _NoTap(),
+        on_quiet=lambda: calls.append(asyncio.get_running_loop().time()),
+        quiet_after_s=quiet_after_s,
+    )
+    return relay, calls
+
+
+async def test_the_quiet_hook_runs_once_its_delay_after_the_last_exchange_ends() -> None:
+    async with raw_upstream(lambda _: [OK]) as up:
+        relay, calls = _quiet_relay(up.url, 0.2)
+        async with stopping(relay):
+            _, port = await relay.start("127.0.0.1", 0)
+            await exchange_raw("127.0.0.1", port, CLOSE_GET)
+            ended = asyncio.get_running_loop().time()
+            await asyncio.sleep(1.0)
+    assert len(calls) == 1  # once a quiet spell, not every delay
+    assert calls[0] - ended >= 0.2 - 0.05
+
+
+async def test_an_exchange_begun_before_the_quiet_delay_passes_puts_the_hook_off() -> None:
+    async with raw_upstream(_slow_by_path) as up:
+        relay, calls = _quiet_relay(up.url, 1.0)
+        async with stopping(relay):
+            _, port = await relay.start("127.0.0.1", 0)
+            await exchange_raw(
+                "127.0.0.1", port, b"GET /0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            reader, writer = await _head_read(port, b"20")  # its body 2 s on
+            try:
+                await asyncio.sleep(1.5)  # past the first exchange's quiet delay
+                assert calls == []
+                assert await asyncio.wait_for(reader.readexactly(4), 5.0) == b"done"
+            finally:
+                writer.close()
+            await asyncio.sleep(1.5)
+    assert len(calls) == 1

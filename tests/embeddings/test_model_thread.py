@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from semhealth.embeddings._heap import HeapTrim, c_library_trim
+from semhealth.common.heap import HeapTrim, c_library_trim
 from semhealth.embeddings._model_thread import ModelThread, model_executor
 from semhealth.embeddings.backend import Vectors
 from semhealth.embeddings.errors import BackendError

@@ -2,7 +2,7 @@
 
 The local sentence-transformers backend and the USE backend differ in how they load and
 encode; the thread, the closed state and error translation around each call are this, and
-giving back the heap the calls freed (``_heap``).
+giving back the heap the calls freed (``semhealth.common.heap``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from semhealth.common.heap import HeapTrim, process_trim
 from semhealth.common.threadcpu import name_os_thread
-from semhealth.embeddings._heap import HeapTrim, process_trim
 from semhealth.embeddings.backend import Vectors
 from semhealth.embeddings.config import EMBEDDING_THREADS
 from semhealth.embeddings.errors import BackendError

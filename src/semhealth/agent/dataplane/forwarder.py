@@ -38,6 +38,7 @@ from semhealth.agent.dataplane.relay import (
 from semhealth.agent.dataplane.wiretap import WireTap
 from semhealth.agent.errors import CONFIG_EXIT, ConfigRefused
 from semhealth.common.cpus import available_cpus
+from semhealth.common.heap import process_trim
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -172,7 +173,11 @@ class Forwarder:
             worker=worker,
             relay_stats=self._relay_stats,
         )
-        self.relay = Relay(settings.upstream, self.wire, listen=settings.listen)
+        # A burst's buffers, freed, stay resident in malloc's heap unless given back: after
+        # 200 streams without gaps, 1.8-2.3 MiB of the 4.3-5.1 the process had grown by.
+        self.relay = Relay(
+            settings.upstream, self.wire, listen=settings.listen, on_quiet=process_trim()
+        )
         self.analysis: Child | None = None
         self.workers: list[Child] = []
         self.front: web.AppRunner | None = None

@@ -57,6 +57,7 @@ _IDEMPOTENCY_KEYS = frozenset({b"idempotency-key", b"x-idempotency-key"})
 _POOL_MAX_IDLE = 256
 _POOL_IDLE_S = 30.0
 _WRITE_HIGH = 64 * 1024
+QUIET_S = 1.0  # no exchange in flight for this long after the last: the relay is quiet
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -994,7 +995,7 @@ class _ClientConnection(asyncio.Protocol):
         relay.stats.requests += 1
         self.used = True
         exchange = self.exchange = _Exchange(self, request)
-        relay.active += 1
+        relay.exchange_began()
         answer = relay.local(request.method, request.url) if relay.local is not None else None
         if answer is not None:
             exchange.respond_locally(answer)
@@ -1243,6 +1244,8 @@ class Relay:
         listen: ListenSettings | None = None,
         local: Callable[[bytes, bytes], bytes | None] | None = None,
         stats: RelayStats | None = None,
+        on_quiet: Callable[[], object] | None = None,
+        quiet_after_s: float = QUIET_S,
     ) -> None:
         self.upstream_settings = upstream
         self.listen_settings = listen or ListenSettings()
@@ -1259,6 +1262,12 @@ class Relay:
         )
         self.clients: set[_ClientConnection] = set()
         self.active = 0  # exchanges in progress
+        # Called once ``quiet_after_s`` passed with nothing in flight after traffic (the
+        # forwarder gives back its heap then). One timer a quiet spell, cancelled when an
+        # exchange begins before it fires: steady traffic never wakes the loop for it.
+        self._on_quiet = on_quiet
+        self._quiet_after_s = quiet_after_s
+        self._quiet_timer: asyncio.TimerHandle | None = None
         self.closing = False
         self._drained: asyncio.Event | None = None  # set when the last exchange ends
         self._servers: list[asyncio.Server] = []
@@ -1267,10 +1276,25 @@ class Relay:
     def active_streams(self) -> int:
         return self.active
 
+    def exchange_began(self) -> None:
+        self.active += 1
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
+
     def exchange_ended(self) -> None:
         self.active -= 1
-        if self.active == 0 and self._drained is not None:
+        if self.active:
+            return
+        if self._drained is not None:
             self._drained.set()
+        if self._on_quiet is not None and self._quiet_timer is None:
+            self._quiet_timer = self.loop.call_later(self._quiet_after_s, self._quiet)
+
+    def _quiet(self) -> None:
+        self._quiet_timer = None
+        if self._on_quiet is not None:
+            self._on_quiet()
 
     def open_stream(
         self,
@@ -1356,6 +1380,9 @@ class Relay:
             if client.transport is not None:
                 client.transport.abort()
         self.pool.close()
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()

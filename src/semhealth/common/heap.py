@@ -1,4 +1,5 @@
-"""Giving back to the kernel the heap that model calls freed (glibc's ``malloc_trim``).
+"""Giving back to the kernel the heap a process freed (glibc's ``malloc_trim``): the scorer's
+model thread after its calls, a forwarding process once its traffic has stopped.
 
 A model call allocates tensors whose shape changes with every batch (texts x longest text).
 glibc raises its mmap threshold to the largest block freed, so after the first calls those

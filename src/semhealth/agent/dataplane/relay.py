@@ -1278,9 +1278,7 @@ class Relay:
 
     def exchange_began(self) -> None:
         self.active += 1
-        if self._quiet_timer is not None:
-            self._quiet_timer.cancel()
-            self._quiet_timer = None
+        self._cancel_quiet()
 
     def exchange_ended(self) -> None:
         self.active -= 1
@@ -1295,6 +1293,11 @@ class Relay:
         self._quiet_timer = None
         if self._on_quiet is not None:
             self._on_quiet()
+
+    def _cancel_quiet(self) -> None:
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
 
     def open_stream(
         self,
@@ -1380,9 +1383,7 @@ class Relay:
             if client.transport is not None:
                 client.transport.abort()
         self.pool.close()
-        if self._quiet_timer is not None:
-            self._quiet_timer.cancel()
-            self._quiet_timer = None
+        self._cancel_quiet()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()

@@ -148,8 +148,8 @@ class WireTap:
         self._frames.append((stream.id, t, chunk))
         if t >= self._batch_due_ns:
             # A batch is due and this read woke the forwarder already: sent now, the timer
-            # never fires while copies keep coming. At one stream that is five wake-ups a
-            # request of about seventy, and 3-4 % of the forwarder's CPU.
+            # never fires while copies keep coming. At one stream, with one-second batches,
+            # that was five wake-ups a request of about seventy, 3-4 % of the forwarder's CPU.
             self._schedule_flush(0.0)
         elif self._flush_timer is None or held >= FLUSH_BYTES:
             self._schedule_flush(DATA_FLUSH_S)
@@ -290,12 +290,13 @@ class WireTap:
 
     # -- counters
 
-    def _send_stats(self, *, always: bool = True) -> None:
-        """The counters, sent in the wake-up that made them (waiting would cost the
-        forwarder a second one); unless ``always``, only if analysis does not have them."""
+    def _send_stats(self, *, always: bool = True, within_s: float = 0.0) -> None:
+        """The counters, sent within ``within_s``: by default in the wake-up that made them
+        (waiting would cost the forwarder a second one); unless ``always``, only if analysis
+        does not have them."""
         frame = self._stats_frame(always=always)
         if frame is not None:
-            self._append(frame, within_s=0.0)
+            self._append(frame, within_s=within_s)
 
     def _stats_tick(self) -> None:
         # No batch took the counters for a whole interval. Unchanged, they are not sent:
@@ -303,9 +304,7 @@ class WireTap:
         # if any, and go with them within another interval: a write of counters alone woke
         # analysis 0.7 times a request at one stream.
         self._stats_timer = None
-        frame = self._stats_frame(always=False)
-        if frame is not None:
-            self._append(frame, within_s=self._stats_interval_s if self._frames else 0.0)
+        self._send_stats(always=False, within_s=self._stats_interval_s if self._frames else 0.0)
 
     def _stats_frame(self, *, always: bool) -> bytes | None:
         """The counters as a STATS frame, or None if unchanged and not ``always``; the next

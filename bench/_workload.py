@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import orjson
 
-from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.collector import StreamCollector
 from semhealth.collectors.config import Config
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 
 TOKENS = 54  # content deltas: with the usage chunk and [DONE], a 55-chunk stream

@@ -126,6 +126,20 @@ def test_the_forwarding_process_imports_no_analysis_dependency() -> None:
     assert _heavy_imported(imports, heavy) == "[]"
 
 
+def test_the_forwarding_process_loads_no_collector_stage() -> None:
+    # Reading the configuration needs its types and the JSONPath check, the relay needs
+    # Exchange; framing, the adapters and validity are analysis (about 2.6 MiB of imports).
+    code = (
+        "import sys\nimport semhealth.agent.cli, semhealth.agent.dataplane.worker\n"
+        "print(sorted(m for m in sys.modules if m.startswith('semhealth.collectors.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.strip()
+    expected = ["semhealth.collectors.config", "semhealth.collectors.exchange",
+                "semhealth.collectors.jsonpath"]  # fmt: skip
+    assert loaded == str(expected)
+
+
 def test_the_forwarders_admin_front_imports_aiohttp_and_no_analysis_dependency() -> None:
     # Worker 0 fronts the admin port with an aiohttp app (password checks off the loop); it
     # must not bring the OpenTelemetry SDK, numpy or grpc with it (semhealth.agent.telemetry.pipeline

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from semhealth.agent.analysis.agent import Agent
 from semhealth.agent.demo.simulator import Script, ScriptRequest
 from semhealth.agent.wire import Outcome
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 from tests.agent.conftest import agent_config, running_stack
 from tests.servers import free_port
 

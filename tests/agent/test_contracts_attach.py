@@ -9,8 +9,9 @@ import orjson
 import pytest
 
 from semhealth.agent.config.contracts import ContractError, attach_contracts
-from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.collector import StreamCollector
 from semhealth.collectors.config import Config, Route
+from semhealth.collectors.exchange import Exchange
 
 RISK = """\
 type: object

@@ -22,8 +22,9 @@ from semhealth.agent.telemetry.recorder import (
 )
 from semhealth.alerts.sample import Sample
 from semhealth.alerts.signals import SIGNALS
-from semhealth.collectors.collector import Exchange, StreamCollector, check_record
+from semhealth.collectors.collector import StreamCollector, check_record
 from semhealth.collectors.config import Config
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import RequestFacts, StreamRecord, StructureRequest, Usage
 from semhealth.collectors.validity import SchemaCache
 from semhealth.embeddings.relevance import RelevanceScores

@@ -22,7 +22,7 @@ import pytest
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
 from semhealth.agent.demo.simulator import RawScript
 from semhealth.agent.wire import Outcome
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import running_stack
 from tests.servers import require_binary

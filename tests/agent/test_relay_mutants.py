@@ -18,7 +18,7 @@ import pytest
 from semhealth.agent.dataplane.relay import ListenSettings, Relay, UpstreamSettings
 from semhealth.agent.demo.simulator import RawScript
 from semhealth.agent.wire import Outcome, TapSink
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 from tests.agent.conftest import Stack, running_stack
 from tests.agent.test_relay import RawUpstream, exchange_raw, raw_upstream
 

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 from tests.agent.test_relay import exchange_raw, raw_upstream
 from tests.agent.test_relay_mutants import _Capture, bare_relay
 

@@ -9,8 +9,9 @@ import orjson
 import pytest
 
 from semhealth.agent.analysis.tap import BATCH, Outcome, Tap, TapStream
-from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.collector import StreamCollector
 from semhealth.collectors.config import Config, Limits
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 
 _clock = itertools.count(1_000_000_000, 1_000_000)

@@ -38,7 +38,7 @@ from semhealth.agent.wire import (
     encode_open,
     stats_from,
 )
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 from tests.agent.conftest import agent_config
 

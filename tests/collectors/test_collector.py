@@ -11,8 +11,9 @@ from collections.abc import Iterable
 import orjson
 import pytest
 
-from semhealth.collectors.collector import Exchange, StreamCollector, check_record, match_route
+from semhealth.collectors.collector import StreamCollector, check_record, match_route
 from semhealth.collectors.config import Analysis, Config, Limits, Route
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import RequestFacts, StreamRecord
 from semhealth.collectors.validity import SchemaCache
 

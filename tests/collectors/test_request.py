@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from semhealth.collectors.config import PROVIDERS, Extract
+from semhealth.collectors.jsonpath import validate_jsonpath
 from semhealth.collectors.record import RequestFacts, StructureRequest
 from semhealth.collectors.request import (
     CHUNK_CHARS,
@@ -18,7 +19,6 @@ from semhealth.collectors.request import (
     estimate_tokens,
     extract_request,
     unanalysed,
-    validate_jsonpath,
 )
 
 CONCRETE_PROVIDERS = tuple(p for p in PROVIDERS if p != "auto")

@@ -11,8 +11,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.collector import StreamCollector
 from semhealth.collectors.config import Config
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 from semhealth.collectors.sse import SSEDecoder
 from tests.collectors.adapters.chat_chunks import CHUNK, TOKEN

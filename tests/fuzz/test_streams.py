@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from semhealth.agent.demo.simulator._plan import make_plan
 from semhealth.agent.demo.simulator._script import Script, ScriptRequest, ToolScript
 from semhealth.agent.demo.simulator._wires import WIRES, Wire
-from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.collector import StreamCollector
 from semhealth.collectors.config import Config, Limits, default_config
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 from tests.fuzz.budget import examples
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 
 HEADER = struct.Struct("<BIQI")
 OPEN, DATA, CLOSE, STATS = 1, 2, 3, 4

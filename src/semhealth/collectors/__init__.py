@@ -1,7 +1,17 @@
-"""Bytes -> frames -> events -> one ``StreamRecord`` per exchange. Sans-IO: no asyncio here."""
+"""Bytes -> frames -> events -> one ``StreamRecord`` per exchange. Sans-IO: no asyncio here.
 
-from semhealth.collectors.adapters.registry import gen_ai_provider, operation_name, wire_format
-from semhealth.collectors.collector import Exchange, StreamCollector, check_record, match_route
+Importing this package is cheap: only the configuration's types, ``Exchange`` and the
+JSONPath check load with it, which is what the forwarding process needs (it reads the
+configuration and hands exchanges to the tap); every other name is imported on first use
+(PEP 562), so framing, the provider adapters, validity and jsonschema's validators load in
+the analysis process only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from semhealth.collectors.config import (
     FRAMINGS,
     PROVIDERS,
@@ -12,29 +22,94 @@ from semhealth.collectors.config import (
     Route,
     default_config,
 )
-from semhealth.collectors.continuity import intervals_s, measure_continuity, quantile
-from semhealth.collectors.eventstream import EventStreamDecoder, event_message, exception_message
-from semhealth.collectors.frames import DecodeError, Decoder, Frame
-from semhealth.collectors.framing import detect_framing, make_decoder
-from semhealth.collectors.json_array import JSONArrayDecoder
-from semhealth.collectors.json_body import JSONBodyDecoder
-from semhealth.collectors.json_check import JSONChecker
-from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
-from semhealth.collectors.ndjson import NDJSONDecoder
-from semhealth.collectors.record import (
-    Continuity,
-    RequestFacts,
-    StreamRecord,
-    StreamState,
-    StructureRequest,
-    ToolCall,
-    TraceRef,
-    Usage,
-    ValidityResult,
-)
-from semhealth.collectors.request import extract_request, model_from_path, validate_jsonpath
-from semhealth.collectors.sse import SSEDecoder
-from semhealth.collectors.validity import SchemaCache, check_output, validate_record
+from semhealth.collectors.exchange import Exchange
+from semhealth.collectors.jsonpath import validate_jsonpath
+
+if TYPE_CHECKING:
+    from semhealth.collectors.adapters.registry import gen_ai_provider, operation_name, wire_format
+    from semhealth.collectors.collector import StreamCollector, check_record, match_route
+    from semhealth.collectors.continuity import intervals_s, measure_continuity, quantile
+    from semhealth.collectors.eventstream import (
+        EventStreamDecoder,
+        event_message,
+        exception_message,
+    )
+    from semhealth.collectors.frames import DecodeError, Decoder, Frame
+    from semhealth.collectors.framing import detect_framing, make_decoder
+    from semhealth.collectors.json_array import JSONArrayDecoder
+    from semhealth.collectors.json_body import JSONBodyDecoder
+    from semhealth.collectors.json_check import JSONChecker
+    from semhealth.collectors.length_prefixed import LengthPrefixedDecoder
+    from semhealth.collectors.ndjson import NDJSONDecoder
+    from semhealth.collectors.record import (
+        Continuity,
+        RequestFacts,
+        StreamRecord,
+        StreamState,
+        StructureRequest,
+        ToolCall,
+        TraceRef,
+        Usage,
+        ValidityResult,
+    )
+    from semhealth.collectors.request import extract_request, model_from_path
+    from semhealth.collectors.sse import SSEDecoder
+    from semhealth.collectors.validity import SchemaCache, check_output, validate_record
+
+# Public names imported on first use, and the module each comes from.
+_LAZY = {
+    "gen_ai_provider": "adapters.registry",
+    "operation_name": "adapters.registry",
+    "wire_format": "adapters.registry",
+    "StreamCollector": "collector",
+    "check_record": "collector",
+    "match_route": "collector",
+    "intervals_s": "continuity",
+    "measure_continuity": "continuity",
+    "quantile": "continuity",
+    "EventStreamDecoder": "eventstream",
+    "event_message": "eventstream",
+    "exception_message": "eventstream",
+    "DecodeError": "frames",
+    "Decoder": "frames",
+    "Frame": "frames",
+    "detect_framing": "framing",
+    "make_decoder": "framing",
+    "JSONArrayDecoder": "json_array",
+    "JSONBodyDecoder": "json_body",
+    "JSONChecker": "json_check",
+    "LengthPrefixedDecoder": "length_prefixed",
+    "NDJSONDecoder": "ndjson",
+    "Continuity": "record",
+    "RequestFacts": "record",
+    "StreamRecord": "record",
+    "StreamState": "record",
+    "StructureRequest": "record",
+    "ToolCall": "record",
+    "TraceRef": "record",
+    "Usage": "record",
+    "ValidityResult": "record",
+    "extract_request": "request",
+    "model_from_path": "request",
+    "SSEDecoder": "sse",
+    "SchemaCache": "validity",
+    "check_output": "validity",
+    "validate_record": "validity",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "FRAMINGS",

@@ -16,12 +16,12 @@ import fnmatch
 import re
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from semhealth.collectors.adapters.registry import detect_provider, make_adapter
 from semhealth.collectors.config import Config, Extract, Route
 from semhealth.collectors.continuity import continuity_of
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.frames import Decoder
 from semhealth.collectors.framing import detect_framing, make_decoder
 from semhealth.collectors.record import (
@@ -43,35 +43,6 @@ CLIENT_ABORTED = "client_aborted"
 # Collectors built without a cache of their own share this one: validators are compiled
 # once per schema in the process, whichever stream brought it (the cache is thread-safe).
 _SHARED_SCHEMAS = SchemaCache()
-
-
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    """Facts the proxy knew when the response head arrived. Clock: ``time.monotonic_ns``.
-
-    An exchange that never got a response from the upstream has the proxy's own status
-    (502, 504; 499 when the client left first), ``response_ns`` and ``content_type`` None.
-    """
-
-    method: str
-    path: str
-    start_ns: int
-    status: int
-    content_type: str | None
-    content_encoding: str | None
-    response_ns: int | None
-    request_body: bytes | None  # None when the body was not copied for analysis
-    request_skip: str | None = None  # why request_body is None: "oversized", ...
-    # The size of a body that was not copied (oversized), as far as it had come when the
-    # response began: its prompt class is estimated from it.
-    request_bytes: int = 0
-    ratelimit_source: str | None = None
-    # The request's W3C ``traceparent`` header as sent, unparsed: the relay only copies it
-    # (one header lookup per exchange); ``parse_traceparent`` judges it in analysis.
-    traceparent: str | None = None
-    # Request headers, (name, value) as sent, when the proxy was told to copy them (live
-    # shadowing resends them); None otherwise. Never in a repr: they may identify a client.
-    request_headers: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
 
 
 # W3C Trace Context, version-format: lowercase hex only. Version 00 is exactly these four

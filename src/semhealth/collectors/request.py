@@ -19,12 +19,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from functools import lru_cache
-from typing import Any
 from urllib.parse import unquote
 
 import orjson
-from jsonpath_ng.ext import parse as _jsonpath_parse  # type: ignore[import-untyped]
 
 from semhealth.collectors.adapters.conversation import (
     UNUSABLE,
@@ -34,6 +31,7 @@ from semhealth.collectors.adapters.conversation import (
 )
 from semhealth.collectors.adapters.registry import read_request
 from semhealth.collectors.config import Extract
+from semhealth.collectors.jsonpath import jsonpath_values
 from semhealth.collectors.record import RequestFacts, StructureRequest
 from semhealth.common.text import CHARS_PER_TOKEN, estimate_tokens
 
@@ -114,19 +112,6 @@ def unanalysed(
     estimate = math.ceil(max(body_bytes, 0) / CHARS_PER_TOKEN)
     facts = RequestFacts(analysed=False, skip_reason=reason, input_tokens_estimate=estimate)
     return facts, _prompt_class(estimate, long_context_tokens)
-
-
-def validate_jsonpath(expr: str) -> str | None:
-    """Return why ``expr`` is not a valid JSONPath expression, or None when it is.
-
-    For the config validator: the message names only the expression and the
-    parser's position, never request content.
-    """
-    try:
-        _jsonpath_parse(expr)
-    except Exception as exc:  # jsonpath-ng raises several unrelated types for bad syntax
-        return f"invalid JSONPath expression {expr!r}: {exc}"
-    return None
 
 
 def chunk_text(text: str, *, max_chars: int = CHUNK_CHARS) -> list[str]:
@@ -241,13 +226,13 @@ def _apply_overrides(doc: object, extract: Extract, found: Conversation) -> Conv
     """Replace the query and/or the context with the route's JSONPath matches."""
     query, context, usable = found.query, found.context, found.usable
     if extract.query is not None:
-        matches = _jsonpath_values(extract.query, doc)
+        matches = jsonpath_values(extract.query, doc)
         query = _joined_strings(matches[0]) if matches else None
     if extract.context:
         context = tuple(
             text
             for expr in extract.context
-            for value in _jsonpath_values(expr, doc)
+            for value in jsonpath_values(expr, doc)
             for text in _flat_strings(value)
             if has_text(text)
         )
@@ -256,27 +241,6 @@ def _apply_overrides(doc: object, extract: Extract, found: Conversation) -> Conv
     if extract.query is not None and extract.context and isinstance(doc, dict):
         usable = True
     return Conversation(query=query, context=context, usable=usable)
-
-
-@lru_cache(maxsize=256)
-def _compiled(expr: str) -> Any:
-    """Parse once per expression (parsing costs ~30 ms); None when it does not parse."""
-    try:
-        return _jsonpath_parse(expr)
-    except Exception:  # validated at config load; a bad one here just matches nothing
-        return None
-
-
-def _jsonpath_values(expr: str, doc: object) -> list[Any]:
-    path = _compiled(expr)
-    if path is None:
-        return []
-    try:
-        return [match.value for match in path.find(doc)]
-    except Exception:
-        # Filters can meet values of any type (TypeError on comparisons) and deep
-        # nesting exceeds the recursion limit; a request body must never raise here.
-        return []
 
 
 def _joined_strings(value: object) -> str | None:

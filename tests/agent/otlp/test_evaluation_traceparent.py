@@ -18,7 +18,8 @@ from semhealth.agent.wire import (
     decode_open,
     encode_open,
 )
-from semhealth.collectors.collector import Exchange, parse_traceparent
+from semhealth.collectors.collector import parse_traceparent
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import TraceRef
 from tests.agent.conftest import running_stack
 

@@ -36,8 +36,9 @@ from typing import Any, Protocol
 
 from semhealth.agent.telemetry.observe import observe, observe_by, observe_counters
 from semhealth.agent.wire import Outcome
-from semhealth.collectors.collector import Exchange, StreamCollector
+from semhealth.collectors.collector import StreamCollector
 from semhealth.collectors.config import Config as CollectorsConfig
+from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ import httptools
 import orjson
 
 from semhealth.agent.wire import Outcome, StreamTap, TapSink
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 from semhealth.common.tls import client_context
 
 log = logging.getLogger(__name__)

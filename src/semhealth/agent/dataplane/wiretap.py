@@ -37,7 +37,7 @@ from semhealth.agent.wire import (
     encode_close,
     encode_open,
 )
-from semhealth.collectors.collector import Exchange
+from semhealth.collectors.exchange import Exchange
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from semhealth.agent.admin.app import AdminAccess
+from semhealth.agent.admin.gate import AdminAccess
 from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.demo.simulator import Script, SimulatedUpstream
 from tests.agent.conftest import agent_config

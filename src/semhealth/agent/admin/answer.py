@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """A response the admin front makes itself (health, or analysis being away)."""
+    """A response an admin server makes itself: health, analysis being away, a refusal."""
 
     status: int
     body: bytes
     content_type: str = "text/plain"
     error: str | None = None  # X-Semhealth-Error
+    headers: tuple[tuple[str, str], ...] = ()  # more, such as a 401's WWW-Authenticate

@@ -18,13 +18,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from semhealth.agent.admin.app import (
-    AdminAccess,
-    AdminGate,
-    build_admin_app,
-    observe_auth_failures,
-    start_site,
-)
+from semhealth.agent.admin.app import build_admin_app, observe_auth_failures, start_site
+from semhealth.agent.admin.gate import AdminAccess, AdminGate
 from semhealth.agent.analysis.alerting import AlertingStage, observe_alerting
 from semhealth.agent.analysis.alerting import Settings as AlertingSettings
 from semhealth.agent.analysis.health import Health, observe_health

@@ -209,7 +209,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _run_in_process(args: argparse.Namespace, config: Config) -> int:
-    from semhealth.agent.admin.app import AdminAccess
+    from semhealth.agent.admin.gate import AdminAccess
     from semhealth.agent.analysis.agent import Agent, Settings
     from semhealth.agent.dataplane.settings import hardening, listen_settings
 

@@ -1,8 +1,8 @@
 """``semhealth run``: the forwarding process, and the supervisor of everything else.
 
 It relays (``Relay``), sends copies down the tap wire (``WireTap``) and serves the admin
-front (``semhealth.agent.admin.app.build_front_app``, worker 0 only): ``/healthz`` and
-``/readyz`` itself, ``/metrics`` and ``/alerts`` fetched from the analysis process's admin
+front (``semhealth.agent.admin.front.Front``, worker 0 only): ``/healthz`` and ``/readyz``
+itself, ``/metrics``, ``/alerts`` and ``/shadow`` fetched from the analysis process's admin
 app over a Unix socket, all behind the web configuration (TLS, basic auth). It starts the
 analysis process and, with ``workers`` above one, more forwarding processes on the same
 port (``SO_REUSEPORT``), and restarts any that dies, with backoff. Forwarding never
@@ -41,9 +41,8 @@ from semhealth.common.cpus import available_cpus
 from semhealth.common.heap import process_trim
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
-    from semhealth.agent.admin.app import AdminGate
+    from semhealth.agent.admin.front import Front
+    from semhealth.agent.admin.gate import AdminGate
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +179,7 @@ class Forwarder:
         )
         self.analysis: Child | None = None
         self.workers: list[Child] = []
-        self.front: web.AppRunner | None = None
+        self.front: Front | None = None
         self.gate: AdminGate | None = None
         self._ready = False
         self.proxy_address: tuple[str, int] | None = None
@@ -271,10 +270,10 @@ class Forwarder:
         return self.wire.connected
 
     async def _start_front(self) -> tuple[str, int]:
-        # aiohttp is imported here, by worker 0 only: the other forwarders never load it.
-        from aiohttp import web
-
-        from semhealth.agent.admin.app import AdminAccess, AdminGate, build_front_app, start_site
+        # Imported by worker 0 only: the other forwarders never load the web configuration's
+        # libraries (bcrypt, h11).
+        from semhealth.agent.admin.front import Front
+        from semhealth.agent.admin.gate import AdminAccess, AdminGate
 
         settings = self._settings
         self.gate = gate = AdminGate(
@@ -283,16 +282,14 @@ class Forwarder:
                 alerts_endpoint=settings.alerts_endpoint,
             )
         )
-        app = build_front_app(
+        self.front = Front(
             health=self._health,
             readiness=self._readiness,
             analysis_down=self._analysis_down,
             analysis_socket=self.admin_socket,
             gate=gate,
         )
-        self.front = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await self.front.setup()
-        return await start_site(self.front, settings.admin_host, settings.admin_port, gate)
+        return await self.front.start(settings.admin_host, settings.admin_port)
 
     def _health(self) -> Answer:
         return Answer(200, b"ok\n")
@@ -348,6 +345,6 @@ class Forwarder:
             await self.analysis.stop(left() - 0.2)
         front, self.front = self.front, None
         if front is not None:
-            await front.cleanup()
+            await front.close()
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""A response the admin front makes itself. Plain data, light to import: the forwarding
-process builds these without loading the admin app."""
+"""A response an admin server makes itself. Plain data, light to import: the forwarding
+process builds these for its front, the gate for its refusals."""
 
 from __future__ import annotations
 

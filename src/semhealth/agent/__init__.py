@@ -7,8 +7,9 @@ the encoders, alerting) that ``Agent`` brings with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from semhealth.common.lazy import on_first_use
 
 if TYPE_CHECKING:
     from semhealth.agent.analysis.agent import Agent, Settings
@@ -17,17 +18,13 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "Config", "ConfigError", "Settings", "default_config", "load_config"]
 
 _HOMES = {
-    "Agent": "semhealth.agent.analysis.agent",
-    "Settings": "semhealth.agent.analysis.agent",
-    "Config": "semhealth.agent.config",
-    "ConfigError": "semhealth.agent.config",
-    "default_config": "semhealth.agent.config",
-    "load_config": "semhealth.agent.config",
+    "Agent": "analysis.agent",
+    "Settings": "analysis.agent",
+    "Config": "config",
+    "ConfigError": "config",
+    "default_config": "config",
+    "load_config": "config",
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'semhealth.agent' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__, __dir__ = on_first_use(globals(), _HOMES)

@@ -9,8 +9,7 @@ the analysis process only.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from semhealth.collectors.config import (
     FRAMINGS,
@@ -24,6 +23,7 @@ from semhealth.collectors.config import (
 )
 from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.jsonpath import validate_jsonpath
+from semhealth.common.lazy import on_first_use
 
 if TYPE_CHECKING:
     from semhealth.collectors.adapters.registry import gen_ai_provider, operation_name, wire_format
@@ -98,17 +98,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # once imported, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = on_first_use(globals(), _LAZY)
 
 
 __all__ = [

@@ -1,5 +1,6 @@
 """What every semhealth package may import: the error root and the one ``Issue`` type, text
-facts (CJK detection, token estimates), the words messages use, and CPU counting.
+facts (CJK detection, token estimates), the words messages use, CPU counting, and package
+faces whose names load on first use (``lazy``).
 
 A leaf: it imports nothing of ours, and nothing here pulls a third-party dependency, so the
 forwarding process can import it for free.

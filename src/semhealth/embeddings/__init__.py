@@ -11,10 +11,10 @@ imports it to ask for a GPU).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from semhealth.common.cpus import available_cpus
+from semhealth.common.lazy import on_first_use
 from semhealth.embeddings.availability import (
     BACKEND_PACKAGES,
     EncoderChoice,
@@ -135,17 +135,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # once imported, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = on_first_use(globals(), _LAZY)
 
 
 __all__ = [

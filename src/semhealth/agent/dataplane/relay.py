@@ -807,6 +807,10 @@ class _Exchange:
                 conn.abort()
         if self.stream is not None:
             self.stream.close(self.outcome)
+        # The parser's callbacks hold this exchange: let go of it, so the exchange is freed
+        # when the client connection lets go of it, not by a later cyclic collection (21
+        # objects an exchange, each a collection's work and memory held until then).
+        self.parser = None
         # A failed connect leaves the client paused for it; the next request must be read.
         self.client.resume_reading("connect")
         self.client.exchange_done(self)
@@ -844,7 +848,7 @@ class _ClientConnection(asyncio.Protocol):
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.parsing: _Request | None = None  # the request whose bytes are being parsed
         self.queue: list[_Request] = []  # complete requests waiting their turn (pipelining)
         self.exchange: _Exchange | None = None
@@ -872,10 +876,11 @@ class _ClientConnection(asyncio.Protocol):
         self._arm(relay.listen_settings.keepalive_timeout_s, "idle")
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        parser = self.parser
+        if self.closing or parser is None:
             return
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # The upgrade is not relayed (Upgrade is hop-by-hop); the request was, and
             # what follows it on this connection is not HTTP/1.1.
@@ -897,6 +902,7 @@ class _ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.parser = None  # it holds this connection (its callbacks): no cycle to collect
         self.relay.clients.discard(self)
         if self.timer is not None:
             self.timer.cancel()
@@ -944,8 +950,8 @@ class _ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         request = self.parsing
-        assert request is not None
         parser = self.parser
+        assert request is not None and parser is not None  # called from feed_data
         request.trailers = []
         request.method = parser.get_method()
         request.http10 = parser.get_http_version() == "1.0"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
+from semhealth.agent.dataplane.relay import Relay, UpstreamSettings, _UpstreamConnection
 from tests.agent.test_relay import exchange_raw, raw_upstream
 from tests.agent.test_relay_mutants import _Capture, _NoTap, bare_relay
 from tests.embeddings.certs import Pki, make_pki
@@ -223,3 +223,61 @@ async def test_an_upstream_still_streaming_at_total_timeout_s_is_cut_and_marked(
     assert not reply.endswith(b"0\r\n\r\n")  # never a clean end for a cut body
     (outcome,) = capture.outcomes
     assert (outcome.upstream_aborted, outcome.error_type) == (True, "upstream_timeout")
+
+
+# --------------------------------------------------------------------------- writes upstream
+
+BODY = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+POST_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+
+
+@dataclass
+class Writes:
+    """Every write the relay makes to an upstream connection, in order."""
+
+    data: list[bytes] = field(default_factory=list)
+    made: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@pytest.fixture
+def upstream_writes(monkeypatch: pytest.MonkeyPatch) -> Writes:
+    writes = Writes()
+    write = _UpstreamConnection.write
+
+    def recorded(self: _UpstreamConnection, data: bytes) -> None:
+        writes.data.append(data)
+        writes.made.set()
+        write(self, data)
+
+    monkeypatch.setattr(_UpstreamConnection, "write", recorded)
+    return writes
+
+
+async def test_a_request_head_and_the_body_read_with_it_go_upstream_in_one_write(
+    upstream_writes: Writes,
+) -> None:
+    request = POST_HEAD % len(BODY) + BODY
+    async with raw_upstream(lambda _: [OK]) as up, bare_relay(up.url) as (_, host, port):
+        reply = await exchange_raw(host, port, request, until=b"ok")
+    assert reply.endswith(b"ok")
+    assert len(upstream_writes.data) == 1
+    assert upstream_writes.data[0].endswith(b"\r\n\r\n" + BODY)
+    assert up.requests == upstream_writes.data
+
+
+async def test_a_body_still_arriving_goes_upstream_as_each_read_comes(
+    upstream_writes: Writes,
+) -> None:
+    # Nothing waits for the end of the body: each client read is one write upstream.
+    half = len(BODY) // 2
+    async with raw_upstream(lambda _: [OK]) as up, bare_relay(up.url) as (_, host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(POST_HEAD % len(BODY) + BODY[:half])
+        await writer.drain()
+        await asyncio.wait_for(upstream_writes.made.wait(), 5)
+        assert upstream_writes.data[0].endswith(b"\r\n\r\n" + BODY[:half])
+        writer.write(BODY[half:])
+        assert (await reader.readuntil(b"ok")).endswith(b"ok")
+        writer.close()
+    assert upstream_writes.data[1:] == [BODY[half:]]
+    assert up.requests == [b"".join(upstream_writes.data)]

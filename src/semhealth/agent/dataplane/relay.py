@@ -370,6 +370,9 @@ class _Exchange:
         self.retry_size = 0
         self.reused = False  # the connection came from the pool: it may have gone stale
         self.connecting: asyncio.Task[None] | None = None
+        # What this exchange writes upstream, gathered until the read of the client that made
+        # it is parsed (_ClientConnection.data_received) or attach() is done: one write.
+        self.corked: list[bytes] = []
 
     # -- starting
 
@@ -442,6 +445,8 @@ class _Exchange:
         if request.complete and request.chunked and not request.terminated:
             request.terminated = True
             self.write_upstream(_LAST_CHUNK)
+        if not self.client.reading:  # a pooled connection's go with the rest of the read
+            self.send_corked()
         self.last_read_ns = time.monotonic_ns()
         self._arm_read_timer(self.relay.upstream_settings.read_timeout_s)
 
@@ -473,7 +478,18 @@ class _Exchange:
             else:
                 self.retry_log.append(data)
         assert self.upstream is not None
-        self.upstream.write(data)
+        self.corked.append(data)
+
+    def send_corked(self) -> None:
+        """One write upstream of what ``write_upstream`` gathered: at the end of a read of the
+        client, or of ``attach``. A request's head and the body that came with it went in
+        two writes, each a system call and a wake-up of the upstream."""
+        corked = self.corked
+        if not corked:
+            return
+        self.corked = []
+        if self.upstream is not None and not self.finished:
+            self.upstream.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
     # -- the request body, from the client
 
@@ -858,6 +874,7 @@ class _ClientConnection(asyncio.Protocol):
         self.closing = False
         self.close_after = False  # close once the exchange in progress is done
         self.write_paused = False
+        self.reading = False  # parsing a read: its exchange's upstream writes wait for its end
         self.used = False  # a request began on it (an idle timeout then is no rejection)
 
     # -- asyncio.Protocol
@@ -879,6 +896,7 @@ class _ClientConnection(asyncio.Protocol):
         parser = self.parser
         if self.closing or parser is None:
             return
+        self.reading = True
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -889,6 +907,10 @@ class _ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             cause = exc.__context__  # httptools chains the callback's exception this way
             self.reject(cause.reason if isinstance(cause, _Rejected) else "malformed")
+        finally:
+            self.reading = False
+            if self.exchange is not None:
+                self.exchange.send_corked()
 
     def eof_received(self) -> bool:
         exchange = self.exchange

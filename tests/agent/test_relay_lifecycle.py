@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
+from semhealth.agent.dataplane.relay import Relay, RelayStats, UpstreamSettings
 from tests.agent.test_relay import exchange_raw, raw_upstream
 from tests.agent.test_relay_mutants import _NoTap
 from tests.servers import free_port
@@ -257,3 +257,22 @@ async def test_a_closed_client_connection_is_freed_without_the_cyclic_collector(
                 await exchange_raw(host, port, CLOSE_GET)
             await asyncio.sleep(0.1)  # the relay sees each connection end
     assert _RELAY_TYPES.isdisjoint(found), sorted(set(found) & _RELAY_TYPES)
+
+
+# --------------------------------------------------------------------------- counters
+
+
+async def test_the_stats_listener_hears_of_each_exchange_and_each_rejection() -> None:
+    # The tap wire checks its counters only when told: an exchange that begins (the streams
+    # in flight) and a rejection (counted without an exchange) each tell it.
+    heard: list[int] = []
+    async with raw_upstream(lambda _: [OK]) as up:
+        stats = RelayStats(on_change=lambda: heard.append(1))
+        relay = Relay(UpstreamSettings(url=up.url), _NoTap(), stats=stats)
+        async with stopping(relay):
+            host, port = await relay.start("127.0.0.1", 0)
+            await exchange_raw(host, port, CLOSE_GET)
+            assert len(heard) == 1
+            await exchange_raw(host, port, b"NOT HTTP AT ALL\r\n\r\n")
+            assert stats.rejected == {"malformed": 1}
+            assert len(heard) == 2

@@ -363,6 +363,27 @@ async def test_unchanged_counters_are_not_sent_and_changed_ones_within_their_int
         assert stats_from(payload).requests_unanalysed == {"oversized": 1}
 
 
+async def test_an_idle_wire_stops_checking_its_counters_until_something_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Nothing counts while nothing happens: an idle forwarder does not wake every interval.
+    ticks: list[float] = []
+    tick = WireTap._stats_tick
+
+    def counted(self: WireTap) -> None:
+        ticks.append(asyncio.get_running_loop().time())
+        tick(self)
+
+    monkeypatch.setattr(WireTap, "_stats_tick", counted)
+    async with _wired(stats_interval_s=0.1) as (reads, wire):
+        await asyncio.sleep(1.0)  # ten intervals
+        assert len(ticks) <= 1  # the check after connecting found nothing new, then none
+        wire.unanalysed("oversized")  # something counts: a check is due again
+        await asyncio.wait_for(reads.arrived.wait(), 1.0)
+        await asyncio.sleep(0.5)
+    assert 2 <= len(ticks) <= 3  # the one that sent it, perhaps one that found it unchanged
+
+
 async def test_changed_counters_wait_with_the_copies_rather_than_wake_analysis_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -97,12 +97,21 @@ class RelayStats:
     requests: int = 0
     rejected: dict[str, int] = field(default_factory=dict)  # malformed requests, by reason
     errors: dict[str, int] = field(default_factory=dict)  # the relay's own 502/504, by kind
+    # Told when what the tap wire sends of these (and the exchanges in flight) may have
+    # changed: the wire checks its counters only then, so an idle forwarder never wakes.
+    on_change: Callable[[], object] | None = field(default=None, repr=False, compare=False)
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.changed()
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.changed()
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
 
 class _Target:
@@ -1307,6 +1316,7 @@ class Relay:
     def exchange_began(self) -> None:
         self.active += 1
         self._cancel_quiet()
+        self.stats.changed()
 
     def exchange_ended(self) -> None:
         self.active -= 1

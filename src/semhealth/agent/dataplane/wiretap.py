@@ -117,9 +117,11 @@ class WireTap:
     def unanalysed(self, reason: str) -> None:
         counts = self.stats.requests_unanalysed
         counts[reason] = counts.get(reason, 0) + 1
+        self.poke()
 
     def open_stream(self, exchange: Exchange) -> _WireStream:
         self.stats.streams_opened += 1
+        self.poke()
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         stream = _WireStream(self, self._next_id, lost=self._transport is None)
         if stream.lost:
@@ -298,6 +300,13 @@ class WireTap:
         if frame is not None:
             self._append(frame, within_s=within_s)
 
+    def poke(self) -> None:
+        """The counters may have changed: they are checked within an interval. An idle
+        forwarder keeps no check (see ``_stats_frame``); this arms one."""
+        if self._stats_timer is None and self._transport is not None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._stats_timer = loop.call_later(self._stats_interval_s, self._stats_tick)
+
     def _stats_tick(self) -> None:
         # No batch took the counters for a whole interval. Unchanged, they are not sent:
         # an idle forwarder does not wake analysis. Changed, they join the copies waiting,
@@ -308,7 +317,8 @@ class WireTap:
 
     def _stats_frame(self, *, always: bool) -> bytes | None:
         """The counters as a STATS frame, or None if unchanged and not ``always``; the next
-        are due an interval from now, or with a batch from half that."""
+        are due an interval from now, or with a batch from half that. Unchanged with nothing
+        in flight, none are due until ``poke``: an idle forwarder does not wake for them."""
         stats = self.stats
         if self._relay_stats is not None:
             active, rejected, errors = self._relay_stats()
@@ -316,13 +326,15 @@ class WireTap:
             stats.requests_rejected = dict(rejected)
             stats.relay_errors = dict(errors)
         payload = orjson.dumps(asdict(stats))
+        unchanged = payload == self._stats_sent and not always
+        self._stop_stats()
+        if unchanged and stats.active_streams == 0:
+            return None  # idle: the relay and the tap poke when something counts
         loop = self._loop or asyncio.get_running_loop()
-        if self._stats_timer is not None:
-            self._stats_timer.cancel()
         self._stats_timer = loop.call_later(self._stats_interval_s, self._stats_tick)
         now = time.monotonic_ns()
         self._stats_ride_ns = now + int(self._stats_interval_s / 2 * 1e9)
-        if payload == self._stats_sent and not always:
+        if unchanged:
             return None
         self._stats_sent = payload
         return HEADER.pack(STATS, 0, now, len(payload)) + payload

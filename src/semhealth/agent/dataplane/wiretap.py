@@ -304,8 +304,11 @@ class WireTap:
         """The counters may have changed: they are checked within an interval. An idle
         forwarder keeps no check (see ``_stats_frame``); this arms one."""
         if self._stats_timer is None and self._transport is not None:
-            loop = self._loop or asyncio.get_running_loop()
-            self._stats_timer = loop.call_later(self._stats_interval_s, self._stats_tick)
+            self._arm_stats()
+
+    def _arm_stats(self) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+        self._stats_timer = loop.call_later(self._stats_interval_s, self._stats_tick)
 
     def _stats_tick(self) -> None:
         # No batch took the counters for a whole interval. Unchanged, they are not sent:
@@ -330,8 +333,7 @@ class WireTap:
         self._stop_stats()
         if unchanged and stats.active_streams == 0:
             return None  # idle: the relay and the tap poke when something counts
-        loop = self._loop or asyncio.get_running_loop()
-        self._stats_timer = loop.call_later(self._stats_interval_s, self._stats_tick)
+        self._arm_stats()
         now = time.monotonic_ns()
         self._stats_ride_ns = now + int(self._stats_interval_s / 2 * 1e9)
         if unchanged:

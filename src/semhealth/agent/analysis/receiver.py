@@ -116,12 +116,12 @@ class _WireConnection(asyncio.Protocol):
             log.error("tap wire from a forwarder is corrupt (%s): dropping it", exc)
             self.close()
             return
-        streams = self._streams
+        streams, offer = self._streams, self._tap.offer
         for kind, stream_id, t, payload in frames:
             if kind == DATA:
                 stream = streams.get(stream_id)
                 if stream is not None:
-                    stream.offer(payload, t)
+                    offer(stream, payload, t)
             elif kind == OPEN:
                 streams[stream_id] = self._tap.open_stream(decode_open(t, payload))
             elif kind == CLOSE:

@@ -136,10 +136,6 @@ class TapStream:
 
     def offer(self, chunk: bytes, t: int) -> None:
         """Hand a copy of a chunk that has already been written to the client. Never blocks."""
-        if self.shed:
-            # Every copy left unanalysed counts, not only the one that found the queue full.
-            self._tap.stats.chunks_dropped += 1
-            return
         self._tap.offer(self, chunk, t)
 
     def close(self, outcome: Outcome) -> None:
@@ -198,10 +194,12 @@ class Tap:
         return TapStream(self, exchange)
 
     def offer(self, stream: TapStream, chunk: bytes, t: int) -> None:
-        if not self._accepting or self._data_items >= self._capacity:
+        """``stream.offer``, which the wire's receiver calls straight: a call less a chunk."""
+        if stream.shed or not self._accepting or self._data_items >= self._capacity:
             if not stream.shed:
                 stream.shed = True
                 self.stats.streams_shed += 1
+            # Every copy left unanalysed counts, not only the one that found the queue full.
             self.stats.chunks_dropped += 1
             return
         pending = stream.pending

@@ -372,6 +372,7 @@ def test_full_example_loads_to_expected_dataclasses() -> None:
                 max_response_bytes=16777216,
                 max_frame_bytes=262144,
                 tap_queue_size=8192,
+                tap_queue_bytes=16777216,
                 tap_queue_ends=2048,
             ),
             analysis=Analysis(stall_threshold_s=1.5, long_context_tokens=8000),
@@ -647,6 +648,23 @@ def test_a_tap_budget_too_small_for_one_chunk_is_a_config_error(tmp_path: Path) 
 def test_the_smallest_tap_budget_passes(tmp_path: Path) -> None:
     path = tmp_path / "semhealth.yaml"
     path.write_text(f"upstream: {{url: {URL}}}\ndataplane: {{tap_buffer_bytes: 262161}}\n")
+    assert check_config_file(str(path), {}) == []
+
+
+def test_an_analysis_queue_too_small_for_one_chunk_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\nlimits: {{tap_queue_bytes: 262143}}\n")
+    assert issues_text(check_config_file(str(path), {})) == [
+        f"{path}:2:10: limits.tap_queue_bytes: tap_queue_bytes must be at least 262144,"
+        " not 262143: one upstream read is a chunk of up to 262144 bytes; below that every"
+        " such chunk is shed (fix: use at least 262144; the default, 8388608, holds many"
+        " streams' chunks)"
+    ]
+
+
+def test_the_smallest_analysis_queue_passes(tmp_path: Path) -> None:
+    path = tmp_path / "semhealth.yaml"
+    path.write_text(f"upstream: {{url: {URL}}}\nlimits: {{tap_queue_bytes: 262144}}\n")
     assert check_config_file(str(path), {}) == []
 
 

@@ -47,8 +47,12 @@ def _close(stream: TapStream) -> None:
     stream.close(Outcome(end_ns=next(_clock)))
 
 
-def _config(queue_size: int = 4096, queue_ends: int = 4096) -> Config:
-    return Config(limits=Limits(tap_queue_size=queue_size, tap_queue_ends=queue_ends))
+def _config(queue_size: int = 4096, queue_ends: int = 4096, queue_bytes: int = 8 << 20) -> Config:
+    return Config(
+        limits=Limits(
+            tap_queue_size=queue_size, tap_queue_ends=queue_ends, tap_queue_bytes=queue_bytes
+        )
+    )
 
 
 class _Sink:
@@ -178,6 +182,95 @@ async def test_shedding_one_stream_leaves_the_next_one_whole() -> None:
     assert tap.stats.streams_shed == 1
 
 
+async def test_a_chunk_past_the_queued_bytes_sheds_its_stream_and_is_counted() -> None:
+    size = len(_delta("a"))
+    tap = Tap(_config(queue_bytes=3 * size), lambda record: None)
+    await tap.start()
+    try:
+        stream = tap.open_stream(_exchange())
+        _send(stream, "a", "b", "c")
+        assert (stream.shed, tap.stats.queue_bytes) == (False, 3 * size)
+        _send(stream, "d", "e")
+        assert stream.shed
+        assert (tap.stats.chunks_dropped, tap.stats.streams_shed) == (2, 1)
+        assert (tap.stats.queue_depth, tap.stats.queue_bytes) == (3, 3 * size)
+    finally:
+        await tap.shutdown()
+
+
+async def test_one_large_chunk_is_shed_by_bytes_while_the_count_has_room() -> None:
+    tap = Tap(_config(queue_bytes=1024), lambda record: None)
+    await tap.start()
+    try:
+        stream = tap.open_stream(_exchange())
+        stream.offer(b"data: " + b"x" * 2048 + b"\n\n", next(_clock))
+        assert stream.shed
+        assert (tap.stats.chunks_dropped, tap.stats.queue_depth, tap.stats.queue_bytes) == (1, 0, 0)
+    finally:
+        await tap.shutdown()
+
+
+async def test_analysed_chunks_give_their_bytes_back_to_the_bound() -> None:
+    # The bound holds three chunks; nine pass through it, three streams one after another.
+    sink = _Sink()
+    tap = Tap(_config(queue_bytes=3 * len(_delta("a"))), sink)
+    await tap.start()
+    try:
+        for n in range(3):
+            stream = tap.open_stream(_exchange())
+            _send(stream, "a", "b", "c")
+            _close(stream)
+            await sink.wait(n + 1)
+            assert tap.stats.queue_bytes == 0
+    finally:
+        await tap.shutdown()
+    assert sink.texts == ["abc"] * 3
+    assert tap.stats.chunks_dropped == 0
+
+
+async def test_the_queued_bytes_are_those_waiting_when_a_time_slice_ends_inside_a_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("semhealth.agent.analysis.tap._SLICE_NS", 0)  # a yield every 8 chunks
+    tap = Tap(_config(), lambda record: None)
+    await tap.start()
+    partial_waits = 0
+    try:
+        stream = tap.open_stream(_exchange())
+        _send(stream, *(f"{i} " for i in range(2 * BATCH + 3)))
+        while stream.pending:
+            await asyncio.sleep(0)  # the worker analyses 8 chunks, then yields
+            waiting = sum(len(chunk) for _, chunk in stream.pending)
+            assert stream.pending_bytes == waiting
+            assert tap.stats.queue_bytes == waiting
+            partial_waits += bool(stream.pending)
+    finally:
+        await tap.shutdown()
+    assert partial_waits >= 2  # the slices ended inside the stream's wait
+    assert tap.stats.queue_bytes == 0
+
+
+async def test_many_streams_each_below_a_batch_are_analysed_before_they_fill_the_bytes() -> None:
+    # 64 streams of 3 chunks, room for 128 chunks' bytes (and any number of chunks): no stream
+    # reaches BATCH, yet once half the bytes wait every stream's chunks go to the worker.
+    sink = _Sink()
+    tap = Tap(_config(queue_bytes=128 * len(_delta("a"))), sink)
+    await tap.start()
+    try:
+        streams = [tap.open_stream(_exchange()) for _ in range(64)]
+        for stream in streams:
+            _send(stream, "a", "b", "c")
+            await asyncio.sleep(0)  # the worker's turn, as the forwarding loop would give it
+        assert not any(stream.shed for stream in streams)
+        for stream in streams:
+            _close(stream)
+        await sink.wait(64)
+    finally:
+        await tap.shutdown()
+    assert tap.stats.chunks_dropped == 0
+    assert {r.output_text for r in sink.records} == {"abc"}
+
+
 async def test_many_streams_each_below_a_batch_are_analysed_before_they_fill_the_bound() -> None:
     # 64 streams of 3 chunks, bound 128: no stream reaches BATCH, yet once half the bound
     # waits every stream's chunks go to the worker, so none is shed.
@@ -258,6 +351,7 @@ async def test_at_most_queue_ends_stream_ends_wait_and_the_rest_are_counted() ->
     assert tap.stats.records == 2
     assert tap.stats.records_shed == 1
     assert tap.stats.streams_closed == 3
+    assert streams[2].pending_bytes == 0  # the shed end's chunk gave its bytes back at once
 
 
 async def test_the_chunks_of_a_stream_whose_end_was_shed_are_not_analysed(

@@ -71,6 +71,9 @@ class Limits:
     max_response_bytes: int = 8 << 20  # analysis of one response stops here (record.truncated)
     max_frame_bytes: int = 1 << 20  # one SSE event / NDJSON line / binary frame
     tap_queue_size: int = 4096  # chunks waiting for analysis, all streams together
+    # Their bytes: a chunk is one upstream read, up to 256 KiB, so the count alone let 4096 of
+    # them hold a gigabyte. As the forwarder's own copies are bounded (tap_buffer_bytes).
+    tap_queue_bytes: int = 8 << 20
     # Streams' ends waiting, each with its exchange: about 1 KiB plus its request body.
     tap_queue_ends: int = 4096
 

@@ -2,15 +2,15 @@
 
 The proxy owns one ``TapStream`` per exchange and calls it after each chunk
 has been written to the client. A stream's chunks wait in it, all streams' together
-bounded by ``limits.tap_queue_size``; when the bound is reached the stream is marked
-shed, its later chunks are skipped and the drop is counted (``dropped["tap"]``), and
-the client never notices. Streams' ends have a budget of their own
-(``limits.tap_queue_ends``): an end that finds that many ended streams waiting is not
-analysed, so its stream gets no record (``dropped["records"]``) and its waiting chunks
-are dropped with it.
+bounded by ``limits.tap_queue_size`` chunks and ``limits.tap_queue_bytes`` bytes; when a
+chunk would pass either bound the stream is marked shed, its later chunks are skipped and
+the drop is counted (``dropped["tap"]``), and the client never notices. Streams' ends
+have a budget of their own (``limits.tap_queue_ends``): an end that finds that many ended
+streams waiting is not analysed, so its stream gets no record (``dropped["records"]``) and
+its waiting chunks are dropped with it.
 
 One worker task analyses waiting chunks a stream at a time, once ``BATCH`` of them
-wait, the stream ends, or the waiting chunks of all streams reach half the bound:
+wait, the stream ends, or the waiting chunks of all streams reach half either bound:
 it drives a sans-IO ``StreamCollector`` per stream and hands each finished
 ``StreamRecord`` to ``consume_record``. Analysing a stream's chunks back to back
 rather than one chunk per wake-up as they come is what makes a chunk cost in the
@@ -90,6 +90,7 @@ class TapStats:
     analysis_errors: int = 0
     records_shed: int = 0  # streams that ended while the ends' budget was full: no record
     queue_depth: int = 0
+    queue_bytes: int = 0  # of the chunks queue_depth counts
     # The forwarders' own, reported over the tap wire (or shared by the in-process relay).
     requests_rejected: dict[str, int] = field(default_factory=dict)  # malformed, by reason
     analysis_restarts: int = 0
@@ -112,6 +113,7 @@ class TapStream:
         "failed",
         "outcome",
         "pending",
+        "pending_bytes",
         "queued",
         "recorded",
         "recorded_bytes",
@@ -128,6 +130,7 @@ class TapStream:
         self.analysis_ns = 0  # time the worker spent on this stream
         self.outcome: Outcome | None = None
         self.pending: list[tuple[int, bytes]] = []  # (arrival, chunk) not analysed yet
+        self.pending_bytes = 0
         self.queued = False  # in the worker's queue
         # The tee's copy (worker only): what the collector was fed, with arrival times.
         self.recorded: list[tuple[int, bytes]] = []
@@ -165,13 +168,16 @@ class Tap:
         self._observe_analysis = observe_analysis
         self._on_task_failure = on_task_failure
         self._capacity = config.limits.tap_queue_size
-        # Past this many waiting chunks every stream's are queued, so streams that each
-        # hold fewer than BATCH cannot fill the bound between them and get shed.
+        self._byte_capacity = config.limits.tap_queue_bytes
+        # Past this many waiting chunks or bytes every stream's are queued, so streams that
+        # each hold fewer than BATCH cannot fill a bound between them and get shed.
         self._flush_at = max(self._capacity // 2, 1)
+        self._flush_bytes = self._byte_capacity // 2
         self._items: collections.deque[TapStream] = collections.deque()  # streams to analyse
         self._waiting: dict[TapStream, None] = {}  # streams with chunks, not yet queued
         self._end_capacity = config.limits.tap_queue_ends
         self._data_items = 0
+        self._data_bytes = 0
         self._end_items = 0
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever the worker finds the queue empty
@@ -195,7 +201,13 @@ class Tap:
 
     def offer(self, stream: TapStream, chunk: bytes, t: int) -> None:
         """``stream.offer``, which the wire's receiver calls straight: a call less a chunk."""
-        if stream.shed or not self._accepting or self._data_items >= self._capacity:
+        size = len(chunk)
+        if (
+            stream.shed
+            or not self._accepting
+            or self._data_items >= self._capacity
+            or self._data_bytes + size > self._byte_capacity
+        ):
             if not stream.shed:
                 stream.shed = True
                 self.stats.streams_shed += 1
@@ -204,15 +216,19 @@ class Tap:
             return
         pending = stream.pending
         pending.append((t, chunk))
+        stream.pending_bytes += size
         self._data_items += 1
-        self.stats.queue_depth = self._data_items
+        self._data_bytes += size
+        stats = self.stats
+        stats.queue_depth = self._data_items
+        stats.queue_bytes = self._data_bytes
         if stream.queued:
             return
         if len(pending) >= BATCH:
             self._queue(stream)
         else:
             self._waiting[stream] = None
-        if self._data_items >= self._flush_at:
+        if self._data_items >= self._flush_at or self._data_bytes >= self._flush_bytes:
             self._queue_waiting()
 
     def close_stream(self, stream: TapStream) -> None:
@@ -226,8 +242,8 @@ class Tap:
             stream.ended_unanalysed = True
             self.stats.records_shed += 1
             self._waiting.pop(stream, None)
-            self._data_items -= len(stream.pending)
-            stream.pending.clear()  # no record will be built: analysing them is for nothing
+            # No record will be built: analysing its chunks is for nothing.
+            self._release(stream, len(stream.pending))
             return
         self._end_items += 1
         if not stream.queued:
@@ -286,6 +302,7 @@ class Tap:
                 if time.perf_counter_ns() >= slice_end:
                     break
             self.stats.queue_depth = self._data_items
+            self.stats.queue_bytes = self._data_bytes
             await asyncio.sleep(0)
 
     def _analyse(self, stream: TapStream, slice_end: int) -> bool:
@@ -299,8 +316,7 @@ class Tap:
             if self._tee is not None:
                 for t, chunk in pending[:done]:
                     self._tee_chunk(stream, chunk, t)
-            del pending[:done]
-            self._data_items -= done
+            self._release(stream, done)
             if pending:
                 return False
         if stream.outcome is not None:
@@ -309,6 +325,19 @@ class Tap:
                 self._tee_end(stream)
             self._finish(stream)
         return True
+
+    def _release(self, stream: TapStream, done: int) -> None:
+        """Drop the first ``done`` of the stream's waiting chunks from it and from the bounds."""
+        pending = stream.pending
+        if done == len(pending):  # nearly always: the stream's whole wait was taken
+            size = stream.pending_bytes
+            pending.clear()
+        else:
+            size = sum(len(chunk) for _, chunk in pending[:done])
+            del pending[:done]
+        stream.pending_bytes -= size
+        self._data_items -= done
+        self._data_bytes -= size
 
     def _feed(self, stream: TapStream, slice_end: int) -> int:
         """Feed the stream's waiting chunks to its collector, in order, until they or the time
@@ -402,6 +431,10 @@ def observe_tap(meter: Any, stats: TapStats, active_streams: Callable[[], int]) 
         "semhealth_tap_queue_depth": (
             lambda: stats.queue_depth,
             "Response chunks waiting for analysis.",
+        ),
+        "semhealth_tap_queue_bytes": (
+            lambda: stats.queue_bytes,
+            "Bytes of the response chunks waiting for analysis.",
         ),
     }
     for name, (read, description) in gauges.items():

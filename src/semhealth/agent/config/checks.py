@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from semhealth.agent.config.contracts import ContractError, load_contract
 from semhealth.agent.errors import ConfigIssue
+from semhealth.agent.wire import MAX_CHUNK_BYTES
 from semhealth.collectors import (
     FRAMINGS,
     PROVIDERS,
@@ -267,6 +268,17 @@ def limits_issues(limits: Limits) -> list[ConfigIssue]:
         for f in fields(limits)
         if (value := getattr(limits, f.name)) < 1
     ]
+    if 1 <= limits.tap_queue_bytes < MAX_CHUNK_BYTES:
+        issues.append(
+            ConfigIssue(
+                "tap_queue_bytes",
+                f"tap_queue_bytes must be at least {MAX_CHUNK_BYTES}, not {limits.tap_queue_bytes}:"
+                f" one upstream read is a chunk of up to {MAX_CHUNK_BYTES} bytes; below that"
+                " every such chunk is shed",
+                f"use at least {MAX_CHUNK_BYTES}; the default, {Limits().tap_queue_bytes}, holds"
+                " many streams' chunks",
+            )
+        )
     if limits.max_frame_bytes > limits.max_response_bytes:
         issues.append(
             ConfigIssue(

@@ -250,32 +250,18 @@ async def test_the_queued_bytes_are_those_waiting_when_a_time_slice_ends_inside_
     assert tap.stats.queue_bytes == 0
 
 
-async def test_many_streams_each_below_a_batch_are_analysed_before_they_fill_the_bytes() -> None:
-    # 64 streams of 3 chunks, room for 128 chunks' bytes (and any number of chunks): no stream
-    # reaches BATCH, yet once half the bytes wait every stream's chunks go to the worker.
+@pytest.mark.parametrize(
+    "bound",
+    [{"queue_size": 128}, {"queue_bytes": 128 * len(_delta("a"))}],
+    ids=["chunks", "bytes"],
+)
+async def test_many_streams_each_below_a_batch_are_analysed_before_they_fill_a_bound(
+    bound: dict[str, int],
+) -> None:
+    # 64 streams of 3 chunks, room for 128 chunks (or their bytes): no stream reaches BATCH,
+    # yet once half the bound waits every stream's chunks go to the worker, so none is shed.
     sink = _Sink()
-    tap = Tap(_config(queue_bytes=128 * len(_delta("a"))), sink)
-    await tap.start()
-    try:
-        streams = [tap.open_stream(_exchange()) for _ in range(64)]
-        for stream in streams:
-            _send(stream, "a", "b", "c")
-            await asyncio.sleep(0)  # the worker's turn, as the forwarding loop would give it
-        assert not any(stream.shed for stream in streams)
-        for stream in streams:
-            _close(stream)
-        await sink.wait(64)
-    finally:
-        await tap.shutdown()
-    assert tap.stats.chunks_dropped == 0
-    assert {r.output_text for r in sink.records} == {"abc"}
-
-
-async def test_many_streams_each_below_a_batch_are_analysed_before_they_fill_the_bound() -> None:
-    # 64 streams of 3 chunks, bound 128: no stream reaches BATCH, yet once half the bound
-    # waits every stream's chunks go to the worker, so none is shed.
-    sink = _Sink()
-    tap = Tap(_config(queue_size=128), sink)
+    tap = Tap(_config(**bound), sink)
     await tap.start()
     try:
         streams = [tap.open_stream(_exchange()) for _ in range(64)]

@@ -37,6 +37,7 @@ BY_POD = "namespace, pod"
 # Defaults of the settings some lines are drawn from (a URL is the one required key).
 _DEFAULTS = load_config(None, {}, {"upstream.url": "http://upstream.invalid"})
 TAP_QUEUE_SIZE = _DEFAULTS.collectors.limits.tap_queue_size
+TAP_QUEUE_BYTES = _DEFAULTS.collectors.limits.tap_queue_bytes
 ANALYSIS_BUDGET_S = 0.01  # CPU per stream; bench/record_cost.py: ~0.6 ms for 60 chunks
 
 
@@ -154,6 +155,18 @@ def build() -> dash.Dashboard:
                 [(f"max by ({BY_POD}) (semhealth_tap_queue_depth{{{NAMESPACE}}})", "{{pod}}")],
                 unit="short",
                 thresholds=steps((None, GREEN), (0.8 * TAP_QUEUE_SIZE, ORANGE)),
+                min_value=0,
+            )
+        )
+        .with_panel(
+            series(
+                "Tap queue bytes",
+                "Bytes of the response chunks waiting for analysis, per pod; the line is 80 % of "
+                f"the default limits.tap_queue_bytes ({TAP_QUEUE_BYTES}), past which chunks are "
+                "shed.",
+                [(f"max by ({BY_POD}) (semhealth_tap_queue_bytes{{{NAMESPACE}}})", "{{pod}}")],
+                unit="bytes",
+                thresholds=steps((None, GREEN), (0.8 * TAP_QUEUE_BYTES, ORANGE)),
                 min_value=0,
             )
         )

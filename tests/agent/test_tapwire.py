@@ -340,6 +340,25 @@ async def test_a_copy_read_once_the_last_batch_is_data_flush_s_old_goes_with_its
         assert [kind for kind, *_ in frames] == [OPEN, DATA, DATA]
 
 
+async def test_copies_go_in_the_loop_iteration_that_brings_them_to_flush_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under load a batch goes by size, not by a timer, and not before it is full. The timers
+    # are stretched so that none can be what sends it.
+    _stretch_timers(monkeypatch)
+    async with _wired(stats_interval_s=3600) as (reads, wire):
+        exchange = _exchange()
+        stream = wire.open_stream(exchange)
+        waiting = len(encode_open(stream.id, exchange))
+        stream.offer(b"x" * (wiretap.FLUSH_BYTES - waiting - HEADER.size - 1), 10)
+        await asyncio.sleep(FLUSH_S * 2)
+        assert reads.reads == []  # one byte short of a batch
+        stream.offer(b"y", 11)
+        await asyncio.wait_for(reads.arrived.wait(), 5)
+        frames = [frame for _, data in reads.reads for frame in WireDecoder().feed(data)]
+        assert [kind for kind, *_ in frames] == [OPEN, DATA, DATA]
+
+
 async def test_the_counters_ride_a_batch_once_half_their_interval_has_passed() -> None:
     async with _wired(stats_interval_s=4.0) as (reads, wire):
         stream = wire.open_stream(_exchange())

@@ -1,9 +1,9 @@
 """The forwarder's end of the tap wire: copies of the relay's traffic, framed
 (``semhealth.agent.wire``) and sent to the analysis process over a Unix socket in batches,
-never awaited: copies wait up to a second, a stream's open up to 250 ms, its end (with what
-waits before it) up to 50 ms, and once 32 KiB wait they go at the end of the loop iteration.
-A copy read when the last batch went a second ago goes in the wake-up its read made, not the
-timer's. The forwarder's counters (``STATS``) go with a batch once half a second old, and on
+never awaited: copies wait up to five seconds, a stream's open and its end (with what waits
+before either) up to 250 ms, and once 128 KiB wait they go at the end of the loop iteration.
+A copy read when the last batch went five seconds ago goes in the wake-up its read made, not
+the timer's. The forwarder's counters (``STATS``) go with a batch once half a second old, and on
 their own only after a second without one, and then only if they changed: an idle forwarder
 never wakes analysis.
 
@@ -42,12 +42,15 @@ from semhealth.collectors.exchange import Exchange
 log = logging.getLogger(__name__)
 
 _RECONNECT_S = (0.05, 2.0)  # first and longest wait between connection attempts
-FLUSH_S = 0.05  # the longest a stream's end waits in the forwarder before it is sent
+FLUSH_S = 0.25  # the longest a stream's end waits in the forwarder before it is sent
 # The longest a stream's open waits: live shadowing starts its candidate's request when
 # analysis sees it.
 OPEN_FLUSH_S = 0.25
 DATA_FLUSH_S = 5.0  # the longest a trickle of copies waits
-FLUSH_BYTES = 32 * 1024  # this much waiting goes at the end of the loop iteration
+# This much waiting goes at the end of the loop iteration. Twice as much measured no better
+# at 50 and 200 streams (see _schedule_flush); less waiting leaves more of a budget as small
+# as MIN_TAP_BUDGET to a large chunk.
+FLUSH_BYTES = 128 * 1024
 
 
 class _WireStream:
@@ -190,8 +193,14 @@ class WireTap:
         # often (2.5 -> 0.5 reads a request) and spent 1.24 ms a request instead of 1.94. A
         # second against 250 ms at one stream: 5.5 -> 2.2 reads a request, 28-30 -> 23-25 µs
         # of analysis an event; five seconds against one (the counters joining waiting
-        # copies): 2.17 -> 1.17 reads a request, 24.8-27.1 -> 18.3-21.6 µs an event. Nothing
-        # in analysis reads a stream's copies before its end but the record.
+        # copies): 2.17 -> 1.17 reads a request, 24.8-27.1 -> 18.3-21.6 µs an event. Ends
+        # within 250 ms and 128 KiB against 50 ms and 32 KiB (ends came every 27 ms at 50
+        # streams, so 50 ms capped a batch at about two streams): 12.5-13.9 -> 10.3-11.3 µs
+        # an event at 50 streams, 13.4-14.6 -> 11.3-12.5 at 200, alternating. A batch after a
+        # pause costs analysis more than the same work straight after another (in one
+        # process, one stream's bytes: about 1.2-1.5 ms after 0.2 s asleep, 0.65 back to
+        # back), so fewer, larger batches cost less a stream. Nothing in analysis reads a
+        # stream's copies before its end but the record.
         if self._flush_soon:
             return
         loop = self._loop or asyncio.get_running_loop()

@@ -87,6 +87,9 @@ STOP_TIMEOUT_S = 5.0
 POLL_S = 0.05
 IDLE_S = 10.0  # how long the servers are watched doing nothing, before the rounds
 IDLE_CPU_NS = 2_000_000  # per POLL_S and process: what an idle aiohttp process spends, with margin
+# How long the sidecar must stay that idle before its round's CPU is read: longer than any
+# wait of a stream's end in a forwarder (250 ms), so its last batch's analysis is in the round.
+QUIET_S = 1.0
 TAIL_BYTES = 4000
 # The upstream yields to its loop this often when streaming without gaps, so concurrent
 # streams interleave as they would on a real model server instead of running one by one.
@@ -446,13 +449,18 @@ def read_footprint(trees: Sequence[Tree]) -> dict[str, Footprint]:
 
 
 async def wait_idle(tree: Tree) -> None:
-    """Wait (bounded) until the tree uses under IDLE_CPU_NS per process between two polls."""
+    """Wait (bounded) until the tree uses under IDLE_CPU_NS per process in every poll for
+    QUIET_S: the copies a forwarder still holds after the last stream went to analysis, and
+    were analysed."""
     reading = read_cpu((tree,))
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    quiet_since = time.monotonic()
     while time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
         previous, reading = reading, read_cpu((tree,))
-        if sum(cpu_between(previous, reading).values()) < IDLE_CPU_NS * len(reading):
+        if sum(cpu_between(previous, reading).values()) >= IDLE_CPU_NS * len(reading):
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= QUIET_S:
             return
 
 

@@ -118,9 +118,14 @@ async def test_run_with_only_upstream_serves_traffic_and_stops_on_sigterm() -> N
                 text = await r.text()
             assert r.status == 200
             assert '"hello"' in text
-            await asyncio.sleep(0.2)  # analysis is asynchronous
-            async with client.get(f"http://127.0.0.1:{admin_port}/metrics") as r:
-                metrics = await r.text()
+            # Analysis is asynchronous: the record follows within the wire's hold of an end.
+            metrics = ""
+            for _ in range(100):
+                async with client.get(f"http://127.0.0.1:{admin_port}/metrics") as r:
+                    metrics = await r.text()
+                if "semhealth_records_total 1.0" in metrics:
+                    break
+                await asyncio.sleep(0.1)
         assert "semhealth_records_total 1.0" in metrics
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 15) == 0

@@ -193,14 +193,14 @@ class WireTap:
         # often (2.5 -> 0.5 reads a request) and spent 1.24 ms a request instead of 1.94. A
         # second against 250 ms at one stream: 5.5 -> 2.2 reads a request, 28-30 -> 23-25 µs
         # of analysis an event; five seconds against one (the counters joining waiting
-        # copies): 2.17 -> 1.17 reads a request, 24.8-27.1 -> 18.3-21.6 µs an event. Ends
-        # within 250 ms and 128 KiB against 50 ms and 32 KiB (ends came every 27 ms at 50
-        # streams, so 50 ms capped a batch at about two streams): 12.5-13.9 -> 10.3-11.3 µs
-        # an event at 50 streams, 13.4-14.6 -> 11.3-12.5 at 200, alternating. A batch after a
-        # pause costs analysis more than the same work straight after another (in one
-        # process, one stream's bytes: about 1.2-1.5 ms after 0.2 s asleep, 0.65 back to
-        # back), so fewer, larger batches cost less a stream. Nothing in analysis reads a
-        # stream's copies before its end but the record.
+        # copies): 2.17 -> 1.17 reads a request, 24.8-27.1 -> 18.3-21.6 µs an event. A batch
+        # after a pause costs analysis more than the same batch straight after another
+        # (bench/analysis_batches.py: a stream alone 1.8-1.9 times as much), so ends wait
+        # 250 ms and batches go at 128 KiB, against 50 ms and 32 KiB: in steady traffic of
+        # 50 streams, ends came every 27 ms and 50 ms capped a batch at about two streams.
+        # Streams opened one after another through a sidecar for 20 s, alternating: 12.5-13.9
+        # -> 10.3-11.3 µs an event at 50 streams, 13.4-14.6 -> 11.3-12.5 at 200. Nothing in
+        # analysis reads a stream's copies before its end but the record.
         if self._flush_soon:
             return
         loop = self._loop or asyncio.get_running_loop()

@@ -450,8 +450,8 @@ def read_footprint(trees: Sequence[Tree]) -> dict[str, Footprint]:
 
 async def wait_idle(tree: Tree) -> None:
     """Wait (bounded) until the tree uses under IDLE_CPU_NS per process in every poll for
-    QUIET_S: the copies a forwarder still holds after the last stream went to analysis, and
-    were analysed."""
+    QUIET_S, so that what a forwarder still held when the round's last stream ended has
+    reached analysis and been analysed."""
     reading = read_cpu((tree,))
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     quiet_since = time.monotonic()

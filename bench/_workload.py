@@ -53,14 +53,18 @@ def json_mode_stream(tokens: int = TOKENS) -> list[bytes]:
     return chunks
 
 
+def chat_exchange(body: bytes, *, start_ns: int = 0, ttft_ns: int = 1_000_000) -> Exchange:
+    """A streamed chat completion's exchange as the proxy sees its response begin."""
+    return Exchange(
+        method="POST", path="/v1/chat/completions", start_ns=start_ns, status=200,
+        content_type="text/event-stream", content_encoding=None,
+        response_ns=start_ns + ttft_ns, request_body=body,
+    )  # fmt: skip
+
+
 def analyse(chunks: list[bytes], body: bytes) -> StreamRecord:
     """The record the agent's tap would build, with chunks 20 ms apart."""
-    exchange = Exchange(
-        method="POST", path="/v1/chat/completions", start_ns=0, status=200,
-        content_type="text/event-stream", content_encoding=None, response_ns=1_000_000,
-        request_body=body,
-    )  # fmt: skip
-    collector = StreamCollector(exchange, CONFIG)
+    collector = StreamCollector(chat_exchange(body), CONFIG)
     t = 50_000_000
     for chunk in chunks:
         t += 20_000_000

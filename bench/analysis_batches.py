@@ -35,12 +35,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import uvloop
+from _workload import chat_exchange
 from proxy_overhead import REQUEST_BODY, content_event, final_events
 
 from semhealth.agent.analysis.agent import Agent, Settings
 from semhealth.agent.config import load_config
 from semhealth.agent.wire import DATA, HEADER, Outcome, encode_close, encode_open
-from semhealth.collectors.exchange import Exchange
 from semhealth.collectors.record import StreamRecord
 
 TOKENS = 64
@@ -54,16 +54,7 @@ WARM_UP = 20  # batches of one before anything is measured
 def stream_frames(stream_id: int) -> bytes:
     """One bench stream as a forwarder frames it: open, one copy an event, close."""
     start = time.monotonic_ns()
-    exchange = Exchange(
-        method="POST",
-        path="/v1/chat/completions",
-        start_ns=start,
-        status=200,
-        content_type="text/event-stream",
-        content_encoding=None,
-        response_ns=start + TTFT_NS,
-        request_body=REQUEST_BODY,
-    )
+    exchange = chat_exchange(REQUEST_BODY, start_ns=start, ttft_ns=TTFT_NS)
     frames = bytearray(encode_open(stream_id, exchange))
     at = start + TTFT_NS
     for chunk in [content_event(seq) for seq in range(TOKENS)] + [final_events(TOKENS)]:

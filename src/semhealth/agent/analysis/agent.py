@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -39,8 +39,6 @@ from semhealth.agent.otlp.evaluation import (
     relevance_threshold,
     settings_from_config,
 )
-from semhealth.agent.otlp.intake import Intake, intake_settings
-from semhealth.agent.otlp.metrics import observe_otlp
 from semhealth.agent.relevance import (
     ENCODER_NOT_SERVED,
     LoadedEncoders,
@@ -54,8 +52,6 @@ from semhealth.agent.relevance import (
 from semhealth.agent.relevance import Settings as RelevanceSettings
 from semhealth.agent.replay.recording import Recording, RecordingStats, observe_recording
 from semhealth.agent.replay.settings import RecordSettings
-from semhealth.agent.shadow.live import Shadow, ShadowStats
-from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
 from semhealth.agent.telemetry.batching import FLUSH_INSTRUMENT
 from semhealth.agent.telemetry.instruments import SPECS, Instruments
 from semhealth.agent.telemetry.observe import CatalogueMeter, Family, Shed
@@ -64,14 +60,16 @@ from semhealth.agent.telemetry.pipeline import Settings as TelemetrySettings
 from semhealth.agent.telemetry.recorder import Recorder, RecorderSettings
 from semhealth.alerts.model import Rule
 from semhealth.collectors.record import StreamRecord
-from semhealth.embeddings import (
-    CacheStats,
-    CalibrationError,
-    EmbeddingError,
-    EncoderNotServed,
-    MicroBatcher,
-    open_scorer,
-)
+from semhealth.embeddings import EmbeddingError, EncoderNotServed
+
+if TYPE_CHECKING:
+    # Each stage below is imported where it is built, so that an agent without it never
+    # loads what it brings: numpy (scoring), grpc and protobuf (the OTLP receiver), the
+    # tokenizers and rapidfuzz (shadowing). tests/agent/test_planes.py reads the running
+    # process's memory map for them.
+    from semhealth.agent.otlp.intake import Intake
+    from semhealth.agent.shadow.live import Shadow
+    from semhealth.embeddings import CacheStats, MicroBatcher
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +202,9 @@ def observe_stages(
     intake: Callable[[], Intake | None],
     alerting: AlertingStage | None,
 ) -> None:
-    """The instruments of the stages every agent has (tap, health, relevance, OTLP intake,
-    alerting), on ``meter``, and what each sheds on ``shed``."""
+    """The instruments of the stages every agent has (tap, health, relevance, alerting), on
+    ``meter``, and what each sheds on ``shed``, the OTLP intake's included (its own
+    instruments come with it: ``observe_otlp``)."""
     observe_tap(meter, tap, active_streams)
     observe_health(meter, health)
 
@@ -214,7 +213,6 @@ def observe_stages(
         return stage.stats if stage is not None else None
 
     observe_relevance(meter, relevance_stats, cache)
-    observe_otlp(meter, lambda: _field(intake(), lambda part: part.stats))
     observe_alerting(meter, alerting.stats if alerting is not None else lambda: None)
     shed.add("tap", lambda: tap.chunks_dropped)
     # Streams whose end found the tap's budget of ends full: no record was built.
@@ -234,6 +232,10 @@ def metric_families() -> list[Family]:
     """Every metric family the sidecar can export, from the same registrations as a running
     agent's (its instrument table and each stage's ``observe_*``), the optional stages'
     included; nothing runs and no value is read. The manual's metrics reference is this."""
+    from semhealth.agent.otlp.metrics import observe_otlp
+    from semhealth.agent.shadow.live import ShadowStats
+    from semhealth.agent.shadow.metrics import observe_shadow
+
     meter = CatalogueMeter()
     Instruments(meter)
     observe_telemetry(meter, dict, lambda: 0, lambda: 0)
@@ -248,6 +250,7 @@ def metric_families() -> list[Family]:
         intake=lambda: None,
         alerting=None,
     )
+    observe_otlp(meter, lambda: None)
     observe_shadow(meter, ShadowStats())
     observe_recording(meter, RecordingStats())
     observe_evaluation(meter, EvaluationStats)
@@ -276,6 +279,8 @@ def _cache_stats(batchers: tuple[MicroBatcher, ...]) -> CacheStats | None:
     caches = {id(batcher.cache): batcher.cache for batcher in batchers}
     if not caches:
         return None
+    from semhealth.embeddings import CacheStats  # loaded with the scorer already
+
     stats = [cache.stats() for cache in caches.values()]
     return CacheStats(
         entries=sum(s.entries for s in stats),
@@ -354,17 +359,7 @@ class Agent:
             if proxied
             else None
         )
-        # OTLP input: its records join the proxy's, through the same consumers.
-        self.intake = (
-            Intake(
-                intake_settings(config.otlp_receiver),
-                self._consume_record,
-                collectors=collectors,
-                on_task_failure=self.health.reporter("otlp"),
-            )
-            if config.otlp_receiver.enabled
-            else None
-        )
+        self.intake = self._build_intake(collectors)
         # Loaded now: a bad web config stops start-up before anything listens.
         self.admin_gate = AdminGate(self._settings.admin)
         if self._settings.admin_socket is None:  # else the front counts and exports these
@@ -403,12 +398,33 @@ class Agent:
         # (a configured variant, a canary's say, stays the primary's).
         return replace(settings, recorder=replace(settings.recorder, variant="primary"))
 
+    def _build_intake(self, collectors: Any) -> Intake | None:
+        """The OTLP receiver, if configured, and its instruments on the agent's meter: its
+        records join the proxy's, through the same consumers."""
+        receiver = self._config.otlp_receiver
+        if not receiver.enabled:
+            return None
+        from semhealth.agent.otlp.intake import Intake, intake_settings
+        from semhealth.agent.otlp.metrics import observe_otlp
+
+        intake = Intake(
+            intake_settings(receiver),
+            self._consume_record,
+            collectors=collectors,
+            on_task_failure=self.health.reporter("otlp"),
+        )
+        observe_otlp(self.telemetry.meter, lambda: intake.stats)
+        return intake
+
     def _build_shadow(self, collectors: Any) -> Shadow | None:
         """Live shadowing, its metrics on the agent's meter, and a recorder that writes the
         candidate's own records with ``variant="shadow"`` (never fed to the alerts)."""
         settings = self._shadow_settings()
         if settings is None:
             return None
+        from semhealth.agent.shadow.live import Shadow
+        from semhealth.agent.shadow.metrics import PairMetrics, observe_shadow
+
         recorder = replace(self._telemetry_settings().recorder, variant="shadow")
         shadow_recorder = Recorder(self.telemetry.instruments, recorder)
         shadow = Shadow(
@@ -441,6 +457,8 @@ class Agent:
             return
         if plan.fallback is not None:
             log.info("relevance: %s", plan.fallback)
+        from semhealth.embeddings import CalibrationError, open_scorer
+
         names = ", ".join(f"'{encoder.name}'" for encoder in plan.encoders)
         stack = AsyncExitStack()
         try:

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opentelemetry.util.types import AttributeValue
 
@@ -29,7 +30,9 @@ from semhealth.agent.telemetry.batching import StreamIntervals
 from semhealth.alerts.sample import Sample
 from semhealth.collectors import Continuity, gen_ai_provider, intervals_s, operation_name
 from semhealth.collectors.record import StreamRecord, ValidityResult
-from semhealth.embeddings.relevance import RelevanceScores
+
+if TYPE_CHECKING:  # it loads numpy, which an agent that scores nothing never needs
+    from semhealth.embeddings.relevance import RelevanceScores
 
 OTHER = "other"
 

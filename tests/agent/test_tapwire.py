@@ -21,7 +21,13 @@ from semhealth.agent.analysis.receiver import TapReceiver
 from semhealth.agent.analysis.tap import Tap
 from semhealth.agent.dataplane import wiretap
 from semhealth.agent.dataplane.relay import Relay, UpstreamSettings
-from semhealth.agent.dataplane.wiretap import FLUSH_S, OPEN_FLUSH_S, WireTap, _WireStream
+from semhealth.agent.dataplane.wiretap import (
+    FLUSH_BYTES,
+    FLUSH_S,
+    OPEN_FLUSH_S,
+    WireTap,
+    _WireStream,
+)
 from semhealth.agent.wire import (
     CLOSE,
     DATA,
@@ -253,7 +259,9 @@ class _Reads(asyncio.Protocol):
 
 
 @contextlib.asynccontextmanager
-async def _wired(*, stats_interval_s: float) -> AsyncIterator[tuple[_Reads, WireTap]]:
+async def _wired(
+    *, stats_interval_s: float, budget_bytes: int = 1 << 20
+) -> AsyncIterator[tuple[_Reads, WireTap]]:
     """A connected wire whose analysis end keeps its reads, from after the counters sent on
     connecting (the wire's last batch)."""
     loop = asyncio.get_running_loop()
@@ -261,7 +269,7 @@ async def _wired(*, stats_interval_s: float) -> AsyncIterator[tuple[_Reads, Wire
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "tap.sock")
         server = await loop.create_unix_server(lambda: reads, path)
-        wire = WireTap(path, budget_bytes=1 << 20, stats_interval_s=stats_interval_s)
+        wire = WireTap(path, budget_bytes=budget_bytes, stats_interval_s=stats_interval_s)
         await wire.start()
         assert await wire.wait_connected(5)
         await asyncio.wait_for(reads.arrived.wait(), 10)
@@ -450,6 +458,25 @@ async def test_the_smallest_budget_holds_the_frame_of_the_largest_chunk(
         assert wire.stats.wire_resets == 0
         server.close()
         await wire.shutdown(0.1)
+
+
+async def test_at_the_smallest_budget_a_waiting_batch_makes_room_for_the_largest_chunk() -> None:
+    # The budget bounds what the forwarder holds; an analysis socket that keeps up takes a
+    # waiting batch at once, so the largest chunk fits beside a batch that was waiting.
+    async with _wired(stats_interval_s=60.0, budget_bytes=MIN_TAP_BUDGET) as (reads, wire):
+        stream = wire.open_stream(_exchange())
+        stream.offer(b"x" * (FLUSH_BYTES // 2), time.monotonic_ns())  # waits: under FLUSH_BYTES
+        stream.offer(b"y" * MAX_CHUNK_BYTES, time.monotonic_ns())
+        assert (stream.shed, wire.stats.chunks_dropped) == (False, 0)
+        stream.close(Outcome(end_ns=time.monotonic_ns()))
+        decoder, frames = WireDecoder(), []
+        while not frames or frames[-1][0] != CLOSE:
+            await asyncio.wait_for(reads.arrived.wait(), 10)
+            reads.arrived.clear()
+            while reads.reads:
+                frames += decoder.feed(reads.reads.pop(0)[1])
+    sizes = [len(payload) for kind, _, _, payload in frames if kind == DATA]
+    assert sizes == [FLUSH_BYTES // 2, MAX_CHUNK_BYTES]
 
 
 class _Chunks:

@@ -20,7 +20,11 @@ by its added figure over nginx's. The run's *noise floor* for a figure is how mu
 differs from itself: the figure over direct's even rounds against the same figure over its
 odd rounds. Where nginx's added figure is not above that floor the ratio would divide by
 noise, so the report says so and gives the sidecar's added figure in floors instead.
-Throughput rounds stream without gaps or TTFT and report MB/s and tokens/s.
+Throughput rounds stream without gaps or TTFT and report MB/s and tokens/s. A latency round
+is a wave at K above 1, its K streams starting and ending together; a steady round's K
+workers open the same streams one after another for ``--steady-s`` seconds, their first
+streams spread over one stream's length, so streams end one by one as steady traffic's do
+(what the sidecar's batching of copies meets in production). Steady rounds report CPU only.
 
 CPU comes from Linux schedstat, per class of process, found again at every reading by
 walking ``/proc/PID/task/*/children``: nginx's whole tree (master and workers); the
@@ -118,6 +122,7 @@ class Options:
     ttft_ms: float
     min_streams: int
     throughput_tokens: int
+    steady_s: float
     concurrency: tuple[int, ...]
     nginx: str | None
     nginx_workers: int
@@ -152,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per throughput round, split over the K streams (default 40000)",
     )
     parser.add_argument(
+        "--steady-s",
+        type=float,
+        help="how long a steady round's K workers open one stream after another, at every "
+        "K above 1 (default 6, quick 3; 0: no steady rounds)",
+    )
+    parser.add_argument(
         "--concurrency", type=int, nargs="+", help="stream counts (default 1 50 200)"
     )
     parser.add_argument(
@@ -180,6 +191,7 @@ def options_from(args: argparse.Namespace) -> Options:
         ttft_ms=_pick(args.ttft_ms, 50.0),
         min_streams=_pick(args.min_streams, 4 if quick else 10),
         throughput_tokens=_pick(args.throughput_tokens, 10_000 if quick else 40_000),
+        steady_s=_pick(args.steady_s, 3.0 if quick else 6.0),
         concurrency=tuple(args.concurrency or CONCURRENCY),
         nginx=find_nginx(args.nginx),
         nginx_workers=args.nginx_workers,
@@ -211,6 +223,8 @@ def check_options(options: Options) -> list[str]:
         problems.append("--min-streams must be at least 1")
     if options.throughput_tokens < 1:
         problems.append("--throughput-tokens must be at least 1")
+    if options.steady_s < 0:
+        problems.append("--steady-s must not be negative")
     if any(k < 1 for k in options.concurrency):
         problems.append("--concurrency values must be at least 1")
     if options.nginx_workers < 1:
@@ -864,6 +878,34 @@ async def run_round(
     return RoundResult([result for batch in batches for result in batch], wall)
 
 
+async def run_steady(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    *,
+    workers: int,
+    seconds: float,
+    shape: Shape,
+) -> RoundResult:
+    """Each worker opens one stream after another until ``seconds`` have passed, the
+    workers' first streams spread over one stream's length: streams start and end one after
+    another, as steady traffic's do, where a latency round's start and end together."""
+    length_s = (shape.ttft_us + shape.tokens * shape.gap_us) / 1e6
+
+    async def worker(index: int) -> list[StreamResult]:
+        await asyncio.sleep(length_s * index / workers)
+        results = []
+        while time.monotonic() < end:
+            results.append(await run_stream(session, base_url, shape))
+        return results
+
+    with collector_held():
+        start = time.monotonic_ns()
+        end = time.monotonic() + seconds
+        batches = await asyncio.gather(*(worker(index) for index in range(workers)))
+        wall = time.monotonic_ns() - start
+    return RoundResult([result for batch in batches for result in batch], wall)
+
+
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
     """This process's garbage collector off while a round is timed, run before it instead.
@@ -932,6 +974,7 @@ class Samples:
     errors: int = 0
     latency: Usage = field(default_factory=Usage)
     throughput: Usage = field(default_factory=Usage)
+    steady: Usage = field(default_factory=Usage)  # CPU only: its latencies are not pooled
 
     def add_latency(self, result: RoundResult) -> None:
         self._count(result)
@@ -943,6 +986,10 @@ class Samples:
     def add_throughput(self, result: RoundResult) -> None:
         self._count(result)
         self.throughput.add(result)
+
+    def add_steady(self, result: RoundResult) -> None:
+        self._count(result)
+        self.steady.add(result)
 
     def _count(self, result: RoundResult) -> None:
         self.streams += len(result.streams)
@@ -1124,10 +1171,12 @@ def throughput_table(results: Results) -> str:
 def cpu_table(results: Results, shapes: dict[str, str]) -> str:
     lines = [_row(CPU_COLUMNS), _row(["---:", "---", *["---:"] * 8])]
     for k, by_mode in results.items():
-        rows = (
+        rows = [
             (shapes["latency"], [by_mode[mode].latency for mode in MODES]),
             (shapes["throughput"], [by_mode[mode].throughput for mode in MODES]),
-        )
+        ]
+        if by_mode["sidecar"].steady.requests:
+            rows.insert(1, (shapes["steady"], [by_mode[mode].steady for mode in MODES]))
         for label, (direct, nginx, sidecar) in rows:
             nginx_us = nginx.cpu_us_per("nginx", nginx.requests)
             sidecar_us = sidecar.cpu_us_per("sidecar", sidecar.requests)
@@ -1141,7 +1190,7 @@ def cpu_table(results: Results, shapes: dict[str, str]) -> str:
                     [
                         str(k),
                         label,
-                        str(sidecar.requests),
+                        f"{sidecar.requests:,}",
                         _number(direct.cpu_us_per("upstream", direct.requests), 0),
                         _number(nginx_us, 0),
                         _number(sidecar_us, 0),
@@ -1325,6 +1374,8 @@ def options_line(options: Options, main_args: Sequence[str]) -> str:
     return (
         f"latency: {options.tokens} tokens per stream, {options.ttft_ms:g} ms to the first, "
         f"{options.gap_ms:g} ms gaps, at least {options.min_streams} streams per round; "
+        f"steady: at K above 1, K workers opening those streams one after another for "
+        f"{options.steady_s:g} s (CPU only); "
         f"throughput: {options.throughput_tokens} tokens per round without gaps; "
         f"{options.rounds} rounds per mode, the order of direct/nginx/sidecar rotating; "
         f"nginx worker_processes {options.nginx_workers}; sidecar arguments: "
@@ -1460,6 +1511,15 @@ def warm_up_round(options: Options, k: int) -> RoundOf:
     return round_of(workers=k, streams_per_worker=1, shape=Shape(tokens=options.tokens, gap_us=0))
 
 
+def steady_round(options: Options, k: int) -> RoundOf:
+    shape = Shape(tokens=options.tokens, gap_us=options.gap_us, ttft_us=options.ttft_us)
+
+    async def run(session: aiohttp.ClientSession, url: str) -> RoundResult:
+        return await run_steady(session, url, workers=k, seconds=options.steady_s, shape=shape)
+
+    return run
+
+
 def throughput_round(options: Options, k: int) -> RoundOf:
     shape = Shape(tokens=max(options.throughput_tokens // k, 1), gap_us=0)
     return round_of(workers=k, streams_per_worker=1, shape=shape)
@@ -1482,6 +1542,8 @@ async def bench_concurrency(bench: Bench, options: Options, k: int) -> dict[str,
         shape=Shape(tokens=options.tokens, gap_us=options.gap_us, ttft_us=options.ttft_us),
     )
     warm_up, throughput = warm_up_round(options, k), throughput_round(options, k)
+    # At one stream a latency round is already steady: one stream after another.
+    steady = steady_round(options, k) if k > 1 and options.steady_s > 0 else None
     samples = {mode: Samples() for mode in bench.modes}
     async with sessions_for(bench.modes, k) as sessions:
         for mode in bench.modes:  # warm-up: open the connections every way, discard the figures
@@ -1489,6 +1551,9 @@ async def bench_concurrency(bench: Bench, options: Options, k: int) -> dict[str,
         for index in range(options.rounds):
             for mode in mode_order(bench.modes, index):
                 samples[mode].add_latency(await bench.measure(sessions, mode, latency))
+            if steady is not None:
+                for mode in mode_order(bench.modes, index + 2):
+                    samples[mode].add_steady(await bench.measure(sessions, mode, steady))
             for mode in mode_order(bench.modes, index + 1):
                 samples[mode].add_throughput(await bench.measure(sessions, mode, throughput))
     return samples
@@ -1614,6 +1679,7 @@ def render_report(results: Results, options: Options, facts: RunFacts) -> str:
     )
     shapes = {
         "latency": f"{options.gap_ms:g} ms gaps",
+        "steady": f"steady, {options.gap_ms:g} ms gaps",
         "throughput": "no gaps",
     }
     parts = [
@@ -1638,8 +1704,8 @@ def render_report(results: Results, options: Options, facts: RunFacts) -> str:
         "process(es)), and the sidecar's analysis process per content event relayed; the "
         "sidecar's whole tree (forwarding and analysis per request) against nginx; the "
         "upstream's from the direct rounds. Shed: chunks the sidecar's tap dropped "
-        '(semhealth_dropped_total{stage="tap"}) in those rounds; '
-        f"{analysis_note(facts.footprint)}:",
+        '(semhealth_dropped_total{stage="tap"}) in those rounds; steady: streams opened one '
+        f"after another, not in waves; {analysis_note(facts.footprint)}:",
         "",
         cpu_table(results, shapes),
         "",

@@ -479,6 +479,42 @@ async def test_at_the_smallest_budget_a_waiting_batch_makes_room_for_the_largest
     assert sizes == [FLUSH_BYTES // 2, MAX_CHUNK_BYTES]
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_offer_needing_room_after_the_wire_is_lost_sheds_rather_than_write(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An offer runs in the relay's read callback, and uvloop's transport raises on a write
+    # once closed. Between the wire's loss and _run's reset of it (held open here), a copy
+    # that needs room must be shed, not make room by writing.
+    monkeypatch.setattr(WireTap, "_reset", lambda self: None)
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    stream, dropped = run(_offer_after_the_wire_is_lost())
+    assert (stream.shed, dropped) == (True, 1)
+
+
+async def _offer_after_the_wire_is_lost() -> tuple[_WireStream, int]:
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tap.sock")
+        analysis = _Paused()
+        server = await asyncio.get_running_loop().create_unix_server(lambda: analysis, path)
+        wire = WireTap(path, budget_bytes=MIN_TAP_BUDGET)
+        await wire.start()
+        assert await wire.wait_connected(5)
+        stream = wire.open_stream(_exchange())
+        await asyncio.sleep(OPEN_FLUSH_S * 2)  # the OPEN frame goes out: nothing waits
+        server.close()
+        assert analysis.transport is not None
+        analysis.transport.close()
+        lost = wire._transport
+        assert lost is not None
+        await asyncio.sleep(0.2)  # the end reaches the forwarder; its connection_lost runs
+        assert lost.is_closing()
+        stream.offer(b"x" * (FLUSH_BYTES // 2), time.monotonic_ns())  # waits: under FLUSH_BYTES
+        stream.offer(b"y" * MAX_CHUNK_BYTES, time.monotonic_ns())
+        await wire.shutdown(0.1)
+    return stream, wire.stats.chunks_dropped
+
+
 class _Chunks:
     """A tap that keeps the size of every chunk the relay offers it."""
 

@@ -174,7 +174,11 @@ class WireTap:
         MIN_TAP_BUDGET would shed the largest chunk whenever a batch waited."""
         if self._held + frame + self._kernel_backlog() <= self._budget:
             return True
-        if not self._frames:
+        # With bytes in the transport's buffer (analysis behind) a flush would only move what
+        # waits there. A transport that is closing waits for _run to reset the wire; uvloop's
+        # raises on a write once closed, and this runs in the relay's read callback.
+        transport = self._transport
+        if not self._frames or self._backlog or transport is None or transport.is_closing():
             return False
         self._flush()
         return frame + self._backlog <= self._budget
@@ -240,8 +244,8 @@ class WireTap:
             self._flush_timer.cancel()
             self._flush_timer = None
         transport = self._transport
-        if transport is None or not self._frames:
-            self._clear()
+        if transport is None or transport.is_closing() or not self._frames:
+            self._clear()  # a closing wire's streams are counted lost when _run resets it
             return
         now = time.monotonic_ns()
         if self._stats_timer is not None and now >= self._stats_ride_ns:

@@ -893,7 +893,7 @@ async def run_steady(
 
     async def worker(index: int) -> list[StreamResult]:
         await asyncio.sleep(length_s * index / workers)
-        results = []
+        results = [await run_stream(session, base_url, shape)]  # K in flight, however short
         while time.monotonic() < end:
             results.append(await run_stream(session, base_url, shape))
         return results
@@ -1374,12 +1374,20 @@ def options_line(options: Options, main_args: Sequence[str]) -> str:
     return (
         f"latency: {options.tokens} tokens per stream, {options.ttft_ms:g} ms to the first, "
         f"{options.gap_ms:g} ms gaps, at least {options.min_streams} streams per round; "
-        f"steady: at K above 1, K workers opening those streams one after another for "
-        f"{options.steady_s:g} s (CPU only); "
+        f"{steady_line(options)}; "
         f"throughput: {options.throughput_tokens} tokens per round without gaps; "
         f"{options.rounds} rounds per mode, the order of direct/nginx/sidecar rotating; "
         f"nginx worker_processes {options.nginx_workers}; sidecar arguments: "
         f"{' '.join(main_args) or 'none'}"
+    )
+
+
+def steady_line(options: Options) -> str:
+    if not options.steady_s:
+        return "steady: off"
+    return (
+        f"steady: at K above 1, K workers opening those streams one after another for "
+        f"{options.steady_s:g} s (CPU only)"
     )
 
 
@@ -1551,8 +1559,8 @@ async def bench_concurrency(bench: Bench, options: Options, k: int) -> dict[str,
         for index in range(options.rounds):
             for mode in mode_order(bench.modes, index):
                 samples[mode].add_latency(await bench.measure(sessions, mode, latency))
-            if steady is not None:
-                for mode in mode_order(bench.modes, index + 2):
+            if steady is not None:  # +1 as the throughput rounds: no mode runs twice in a row
+                for mode in mode_order(bench.modes, index + 1):
                     samples[mode].add_steady(await bench.measure(sessions, mode, steady))
             for mode in mode_order(bench.modes, index + 1):
                 samples[mode].add_throughput(await bench.measure(sessions, mode, throughput))

@@ -215,9 +215,10 @@ class WireTap:
         # (bench/analysis_batches.py: a stream alone 1.8-1.9 times as much), so ends wait
         # 250 ms and batches go at 128 KiB, against 50 ms and 32 KiB: in steady traffic of
         # 50 streams, ends came every 27 ms and 50 ms capped a batch at about two streams.
-        # Streams opened one after another through a sidecar for 20 s, alternating: 12.5-13.9
-        # -> 10.3-11.3 µs an event at 50 streams, 13.4-14.6 -> 11.3-12.5 at 200. Nothing in
-        # analysis reads a stream's copies before its end but the record.
+        # bench/proxy_overhead.py's steady rounds, on equally busy runs: 25.2 -> 15.8 µs an
+        # event at 50 streams, 18.8 -> 14.8 at 200 (its waves, where a round's ends come
+        # together, cannot show it). Nothing in analysis reads a stream's copies before its
+        # end but the record.
         if self._flush_soon:
             return
         loop = self._loop or asyncio.get_running_loop()

@@ -4,6 +4,7 @@ and the records measure the timings the scripted upstream used."""
 from __future__ import annotations
 
 import itertools
+import statistics
 from typing import Any
 
 import anthropic
@@ -11,7 +12,7 @@ import openai
 import pytest
 
 from semhealth.agent.demo.simulator import Script, ScriptRequest, ToolScript
-from semhealth.collectors.continuity import measure_continuity, pstdev
+from semhealth.collectors.continuity import measure_continuity
 from tests.agent.conftest import running_stack
 
 PIECES = ("The", " capital", " of", " France", " is", " Paris", ".")
@@ -230,6 +231,6 @@ async def test_record_timings_match_the_scripted_upstream(provider_path: str) ->
     continuity = measure_continuity(record, stall_threshold_s=0.2)
     assert continuity.ttft_s is not None
     assert ttft - EARLY_S <= continuity.ttft_s <= ttft + LATE_S
-    assert continuity.index_s == pytest.approx(pstdev(gaps), abs=LATE_S / 2)
+    assert continuity.index_s == pytest.approx(statistics.pstdev(gaps), abs=LATE_S / 2)
     assert continuity.max_gap_s == pytest.approx(0.4, abs=LATE_S)
     assert continuity.stalls == 1

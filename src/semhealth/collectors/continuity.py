@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from bisect import bisect_right
 from collections.abc import Sequence
 
@@ -27,17 +28,22 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
+def gaps_ns(delta_ns: Sequence[int]) -> list[int]:
+    """The nanoseconds between consecutive arrivals."""
+    return list(map(operator.sub, itertools.islice(delta_ns, 1, None), delta_ns))
+
+
 def intervals_s(delta_ns: Sequence[int]) -> list[float]:
+    """The seconds between consecutive arrivals."""
     return [(b - a) / 1e9 for a, b in itertools.pairwise(delta_ns)]
 
 
-def pstdev(values: Sequence[float]) -> float:
-    # Shifted by the first value: equal intervals then give exactly 0 (a rounded mean
-    # would leave ~1e-17), and large values lose less precision.
+def pstdev(values: Sequence[int]) -> float:
+    """Population standard deviation of integers (nanoseconds), from exact integer sums:
+    equal values give exactly 0, and nothing cancels however large the values are."""
     n = len(values)
-    shifted = [v - values[0] for v in values]
-    mean = math.fsum(shifted) / n
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in shifted) / n)
+    total = sum(values)
+    return math.sqrt(n * sum(map(operator.mul, values, values)) - total * total) / n
 
 
 def measure_continuity(record: StreamRecord, stall_threshold_s: float) -> Continuity:
@@ -50,16 +56,23 @@ def continuity_of(
 ) -> Continuity:
     """``measure_continuity`` from a stream's delta arrival times (monotonic ns) and TTFT,
     for whoever builds the record."""
-    gaps = intervals_s(delta_ns)
+    # In integer nanoseconds, converted once a figure is made: a stream's record is built
+    # once, and this is a tenth of what building it costs.
+    gaps = gaps_ns(delta_ns)
     if not gaps:
         return Continuity(ttft_s, len(delta_ns), None, None, None, None, 0)
     ordered = sorted(gaps)
     return Continuity(
         ttft_s=ttft_s,
         deltas=len(delta_ns),
-        index_s=pstdev(gaps),
-        p50_gap_s=quantile(ordered, 0.5),
-        p95_gap_s=quantile(ordered, 0.95),
-        max_gap_s=ordered[-1],
-        stalls=len(ordered) - bisect_right(ordered, stall_threshold_s),  # gaps over it
+        index_s=pstdev(gaps) / 1e9,
+        p50_gap_s=quantile(ordered, 0.5) / 1e9,
+        p95_gap_s=quantile(ordered, 0.95) / 1e9,
+        max_gap_s=ordered[-1] / 1e9,
+        # Gaps over it, compared in seconds as the threshold is given.
+        stalls=len(ordered) - bisect_right(ordered, stall_threshold_s, key=_seconds),
     )
+
+
+def _seconds(ns: int) -> float:
+    return ns / 1e9

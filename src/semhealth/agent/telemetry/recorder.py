@@ -184,22 +184,23 @@ class Recorder:
             **self._variant,
         }
 
-    def _emit(self, signal: str, value: float, labels: Mapping[str, str]) -> None:
-        """A sample for the alert rules; ``labels`` are made once a record and shared by its
-        samples (read-only, as ``Sample`` types them)."""
+    def _emit(self, signal: str, value: float, labels: Mapping[str, str], t: float) -> None:
+        """A sample for the alert rules; ``labels`` and ``t`` are made once a record and
+        shared by its samples (read-only, as ``Sample`` types them)."""
         if self.consume_sample is not None:
-            self.consume_sample(Sample(signal, value, labels, self._wall_clock()))
+            self.consume_sample(Sample(signal, value, labels, t))
 
     def record_relevance(self, record: StreamRecord, scores: RelevanceScores) -> None:
         """The calibrated scores of one record, once its embeddings are back."""
         attrs = self.semantic_attributes(record)
         labels = _alert_labels(attrs)
+        t = self._wall_clock()
         if scores.context is not None:
             self._h["semantic_health_context_relevance_score"].record(scores.context, attrs)
-            self._emit("context_relevance_score", scores.context, labels)
+            self._emit("context_relevance_score", scores.context, labels, t)
         if scores.answer is not None:
             self._h["semantic_health_answer_relevance_score"].record(scores.answer, attrs)
-            self._emit("answer_relevance_score", scores.answer, labels)
+            self._emit("answer_relevance_score", scores.answer, labels, t)
 
     def consume_record(self, record: StreamRecord) -> None:
         semantic = self.semantic_attributes(record)
@@ -224,18 +225,19 @@ class Recorder:
             1, {**semantic, m.STATUS_CLASS: f"{record.status // 100}xx", m.ERROR_TYPE: failure}
         )
         labels = _alert_labels(semantic)
-        self._emit("request_success_rate", 0.0 if failure else 1.0, labels)
+        t = self._wall_clock()
+        self._emit("request_success_rate", 0.0 if failure else 1.0, labels, t)
         if record.provider_tools:  # few records have any: no Counter for the rest
             provider_tools = self._c["semantic_health_provider_tool_calls"]
             for kind, calls in Counter(record.provider_tools).items():
                 provider_tools.add(calls, {**semantic, m.TOOL_KIND: kind})
-        self._record_gen_ai(record, gen_ai, failure)
+        self._record_gen_ai(record, gen_ai, failure, t)
         if record.continuity is not None:
-            self._record_continuity(record.continuity, semantic, labels)
-        self._record_validity(record.validity, semantic, labels)
+            self._record_continuity(record.continuity, semantic, labels, t)
+        self._record_validity(record.validity, semantic, labels, t)
 
     def _record_gen_ai(
-        self, record: StreamRecord, attrs: dict[str, AttributeValue], failure: str
+        self, record: StreamRecord, attrs: dict[str, AttributeValue], failure: str, t: float
     ) -> None:
         duration_attrs = {**attrs, m.ERROR: failure} if failure else attrs
         self._h["gen_ai.client.operation.duration"].record(record.duration_s, duration_attrs)
@@ -246,7 +248,7 @@ class Recorder:
             m.PROVIDER: str(attrs[m.GEN_AI_PROVIDER]),
             m.PROMPT_CLASS: str(attrs[m.PROMPT_CLASS]),
         }
-        self._emit("operation_duration", record.duration_s, labels)
+        self._emit("operation_duration", record.duration_s, labels, t)
         tokens = self._h["gen_ai.client.token.usage"]
         if record.usage.input_tokens is not None:
             tokens.record(record.usage.input_tokens, {**attrs, m.TOKEN_TYPE: "input"})
@@ -261,10 +263,10 @@ class Recorder:
             return
         if record.ttfb_s is not None:
             self._h["gen_ai.client.operation.time_to_first_chunk"].record(record.ttfb_s, attrs)
-            self._emit("time_to_first_chunk", record.ttfb_s, labels)
+            self._emit("time_to_first_chunk", record.ttfb_s, labels, t)
         if record.ttft_s is not None:
             self._h["gen_ai.server.time_to_first_token"].record(record.ttft_s, attrs)
-            self._emit("time_to_first_token", record.ttft_s, labels)
+            self._emit("time_to_first_token", record.ttft_s, labels, t)
         # Every interval is counted: one measurement carries them all (see telemetry.batching).
         # A stream without two deltas records none: an empty batch would be held for nothing.
         intervals = StreamIntervals(intervals_s(record.delta_ns))
@@ -273,17 +275,21 @@ class Recorder:
         tpot = _time_per_output_token(record)
         if tpot is not None:
             self._h["gen_ai.server.time_per_output_token"].record(tpot, attrs)
-            self._emit("time_per_output_token", tpot, labels)
+            self._emit("time_per_output_token", tpot, labels, t)
 
     def _record_continuity(
-        self, continuity: Continuity, attrs: dict[str, AttributeValue], labels: Mapping[str, str]
+        self,
+        continuity: Continuity,
+        attrs: dict[str, AttributeValue],
+        labels: Mapping[str, str],
+        t: float,
     ) -> None:
         if continuity.index_s is None or continuity.max_gap_s is None:
             return
         self._h["semantic_health_stream_continuity_index"].record(continuity.index_s, attrs)
         self._h["semantic_health_stream_max_gap"].record(continuity.max_gap_s, attrs)
-        self._emit("stream_continuity_index", continuity.index_s, labels)
-        self._emit("stream_max_gap", continuity.max_gap_s, labels)
+        self._emit("stream_continuity_index", continuity.index_s, labels, t)
+        self._emit("stream_max_gap", continuity.max_gap_s, labels, t)
         if continuity.stalls:
             self._c["semantic_health_stream_stalls"].add(continuity.stalls, attrs)
 
@@ -292,6 +298,7 @@ class Recorder:
         results: tuple[ValidityResult, ...],
         attrs: dict[str, AttributeValue],
         labels: Mapping[str, str],
+        t: float,
     ) -> None:
         if not results:
             return
@@ -301,7 +308,7 @@ class Recorder:
             self._c["semantic_health_outputs"].add(1, {**attrs, m.RESULT: result.result})
             self._count_reasons(result, attrs)
             self.validity.add(key, result.result == "valid", now)
-            self._emit("model_output_validity_rate", float(result.result == "valid"), labels)
+            self._emit("model_output_validity_rate", float(result.result == "valid"), labels, t)
 
     def _count_reasons(self, result: ValidityResult, attrs: dict[str, AttributeValue]) -> None:
         reasons = self._c["semantic_health_output_failure_reasons"]

@@ -40,7 +40,8 @@ def intervals_s(delta_ns: Sequence[int]) -> list[float]:
 
 def pstdev(values: Sequence[int]) -> float:
     """Population standard deviation of integers (nanoseconds), from exact integer sums:
-    equal values give exactly 0, and nothing cancels however large the values are."""
+    equal values give exactly 0, and nothing cancels however large the values are. Integers
+    only: floats would make the sums inexact, and their difference could come out below 0."""
     n = len(values)
     total = sum(values)
     return math.sqrt(n * sum(map(operator.mul, values, values)) - total * total) / n

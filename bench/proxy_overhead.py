@@ -871,11 +871,7 @@ async def run_round(
     async def worker() -> list[StreamResult]:
         return [await run_stream(session, base_url, shape) for _ in range(streams_per_worker)]
 
-    with collector_held():
-        start = time.monotonic_ns()
-        batches = await asyncio.gather(*(worker() for _ in range(workers)))
-        wall = time.monotonic_ns() - start
-    return RoundResult([result for batch in batches for result in batch], wall)
+    return await timed_round(lambda: [worker() for _ in range(workers)])
 
 
 async def run_steady(
@@ -891,6 +887,8 @@ async def run_steady(
     another, as steady traffic's do, where a latency round's start and end together."""
     length_s = (shape.ttft_us + shape.tokens * shape.gap_us) / 1e6
 
+    end = math.inf  # set as the round starts
+
     async def worker(index: int) -> list[StreamResult]:
         await asyncio.sleep(length_s * index / workers)
         results = [await run_stream(session, base_url, shape)]  # K in flight, however short
@@ -898,11 +896,22 @@ async def run_steady(
             results.append(await run_stream(session, base_url, shape))
         return results
 
-    with collector_held():
-        start = time.monotonic_ns()
+    def start() -> list[Coroutine[Any, Any, list[StreamResult]]]:
+        nonlocal end
         end = time.monotonic() + seconds
-        batches = await asyncio.gather(*(worker(index) for index in range(workers)))
-        wall = time.monotonic_ns() - start
+        return [worker(index) for index in range(workers)]
+
+    return await timed_round(start)
+
+
+async def timed_round(
+    start: Callable[[], list[Coroutine[Any, Any, list[StreamResult]]]],
+) -> RoundResult:
+    """Run the workers ``start`` makes, with this process's collector held, and time them."""
+    with collector_held():
+        began = time.monotonic_ns()
+        batches = await asyncio.gather(*start())
+        wall = time.monotonic_ns() - began
     return RoundResult([result for batch in batches for result in batch], wall)
 
 

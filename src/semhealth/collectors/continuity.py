@@ -57,8 +57,9 @@ def continuity_of(
 ) -> Continuity:
     """``measure_continuity`` from a stream's delta arrival times (monotonic ns) and TTFT,
     for whoever builds the record."""
-    # In integer nanoseconds, converted once a figure is made: a stream's record is built
-    # once, and this is a tenth of what building it costs.
+    # In integer nanoseconds, converted to seconds only for the figures: the gaps in one
+    # C-level pass and the index from exact sums. On float seconds this was about a third of
+    # what building a stream's record cost (22 of 69 µs in a tight loop).
     gaps = gaps_ns(delta_ns)
     if not gaps:
         return Continuity(ttft_s, len(delta_ns), None, None, None, None, 0)
